@@ -1,0 +1,59 @@
+// The demo: a million material points through DispatchedModel<SyncChunking>, timed, and
+// checked against what eager NEML2 computes for the same points.
+//
+//   demo <artifacts-folder>     (the build's artifacts/ folder; scripts/demo.sh passes it)
+
+#include <neml2/dispatch.hpp>
+
+#include "reference_file.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+
+int main(int argc, char** argv) try {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <artifacts-folder>\n", argv[0]);
+    return 2;
+  }
+  const std::filesystem::path artifacts = argv[1];
+  const auto reference = test::read_reference(artifacts / "elasticity_forward.ref");
+  const auto& strain = reference.at("b1048576/in/strain");
+  const auto& expected = reference.at("b1048576/out/stress");
+  const auto batch = strain.size(0);
+
+  const auto stub = artifacts / "elasticity_forward" / "elasticity_aoti.i";
+  std::printf("model: %s [elasticity], linear isotropic elasticity, float64\n", stub.c_str());
+  std::printf("batch: %lld material points\n\n", static_cast<long long>(batch));
+  std::printf("%-36s %14s %12s\n", "policy", "points/s", "ms/batch");
+
+  at::Tensor stress;
+  for (const std::int64_t rows : {0, 1 << 14, 1 << 12}) {
+    const auto model = neml2::load_model(stub, "elasticity",
+                                         neml2::SyncChunking{.device = "cpu", .batch_size = rows});
+    stress = model.forward({{"strain", strain}}).at("stress"); // warm-up
+    constexpr int repeats = 10;
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < repeats; ++i)
+      stress = model.forward({{"strain", strain}}).at("stress");
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+    const auto seconds = elapsed.count() / repeats;
+    const auto label = rows == 0 ? std::string("SyncChunking{cpu, whole batch}")
+                                 : "SyncChunking{cpu, " + std::to_string(rows) + "}";
+    std::printf("%-36s %14.3e %12.2f\n", label.c_str(), batch / seconds, 1e3 * seconds);
+
+    const auto error =
+        ((stress - expected).abs().max() / expected.abs().max()).item<double>();
+    if (!(error <= 1e-12)) {
+      std::printf("\nFAILED: relative difference from eager NEML2 is %.3e\n", error);
+      return 1;
+    }
+  }
+  const auto error = ((stress - expected).abs().max() / expected.abs().max()).item<double>();
+  std::printf("\nstress matches eager NEML2 on all %lld points (max relative difference %.1e)\n",
+              static_cast<long long>(batch), error);
+  return 0;
+} catch (const neml2::Exception& e) {
+  std::fprintf(stderr, "neml2 error: %s\n", e.what());
+  return 1;
+}

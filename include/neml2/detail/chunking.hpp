@@ -1,0 +1,111 @@
+#pragma once
+
+/// @file detail/chunking.hpp
+/// @brief Cutting a bound call into row chunks on a compute device, and gathering the
+/// chunk results into preallocated outputs on the input device.
+
+#include <ATen/ATen.h>
+
+#include <neml2/detail/call.hpp>
+
+#include <utility>
+#include <vector>
+
+namespace neml2::detail {
+
+/// One tensor's rows [first, first + rows) on `device`, `(rows, *trailing)`, contiguous.
+/// Unbatched tensors are broadcast; batched ones narrowed (a view) then moved.
+inline at::Tensor take_rows(const at::Tensor& t, bool batched, std::int64_t first,
+                            std::int64_t rows, c10::Device device) {
+  if (!t.defined())
+    return t;
+  if (batched)
+    return (t.size(0) == rows ? t : t.narrow(0, first, rows)).to(device).contiguous();
+  auto sizes = t.sizes().vec();
+  sizes.insert(sizes.begin(), rows);
+  return t.to(device).expand(sizes).contiguous();
+}
+
+inline void take_rows(const std::vector<at::Tensor>& from, const std::vector<bool>& batched,
+                      std::int64_t first, std::int64_t rows, c10::Device device,
+                      std::vector<at::Tensor>& to) {
+  to.clear();
+  to.reserve(from.size());
+  for (std::size_t i = 0; i < from.size(); ++i)
+    to.push_back(take_rows(from[i], batched[i], first, rows, device));
+}
+
+/// Rows [first, first + rows) of a call as one chunk's arguments on `device`.
+inline void take_rows(const BoundCall& call, std::int64_t first, std::int64_t rows,
+                      c10::Device device, ChunkArgs& chunk) {
+  chunk.rows = rows;
+  take_rows(call.inputs, call.inputs_batched, first, rows, device, chunk.inputs);
+  take_rows(call.params, call.params_batched, first, rows, device, chunk.params);
+  take_rows(call.extras, call.extras_batched, first, rows, device, chunk.extras);
+}
+
+/// The results of a call run as one chunk: sums taken, and the batch axis dropped when
+/// the call had none.
+inline std::vector<at::Tensor> finish_whole(const BoundCall& call,
+                                            std::vector<at::Tensor> results) {
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto gather = call.slots()[i].gather;
+    if (gather == Gather::sum)
+      results[i] = results[i].sum(0);
+    else if (gather == Gather::rows && !call.batched)
+      results[i] = results[i].squeeze(0);
+  }
+  return results;
+}
+
+/// @brief Collects chunk results into outputs allocated once, on the input device.
+class Gatherer {
+public:
+  Gatherer(const BoundCall& call, c10::ScalarType dtype)
+      : _call(call)
+      , _results(call.slots().size()) {
+    const auto options = at::TensorOptions().dtype(dtype).device(call.device);
+    for (std::size_t i = 0; i < _results.size(); ++i) {
+      const auto& slot = call.slots()[i];
+      if (slot.gather == Gather::rows || (slot.gather == Gather::shared && call.batch == 0)) {
+        auto sizes = slot.shape;
+        sizes.insert(sizes.begin(), call.batch);
+        _results[i] = at::empty(sizes, options);
+      } else if (slot.gather == Gather::sum && call.batch == 0)
+        _results[i] = at::zeros(slot.shape, options);
+    }
+  }
+
+  /// The results of rows [first, first + rows), in slot order.
+  void add(std::int64_t first, std::int64_t rows, const std::vector<at::Tensor>& chunk) {
+    for (std::size_t i = 0; i < _results.size(); ++i) {
+      switch (_call.slots()[i].gather) {
+      case Gather::rows:
+        _results[i].narrow(0, first, rows).copy_(chunk[i]);
+        break;
+      case Gather::shared:
+        if (!_results[i].defined())
+          _results[i] = chunk[i];
+        break;
+      case Gather::sum:
+        _results[i] = _results[i].defined() ? _results[i] + chunk[i].sum(0) : chunk[i].sum(0);
+        break;
+      }
+    }
+  }
+
+  [[nodiscard]] std::vector<at::Tensor> finish() && {
+    for (std::size_t i = 0; i < _results.size(); ++i) {
+      _results[i] = _results[i].to(_call.device);
+      if (_call.slots()[i].gather == Gather::rows && !_call.batched)
+        _results[i] = _results[i].squeeze(0);
+    }
+    return std::move(_results);
+  }
+
+private:
+  const BoundCall& _call;
+  std::vector<at::Tensor> _results;
+};
+
+} // namespace neml2::detail

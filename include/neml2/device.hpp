@@ -1,0 +1,136 @@
+#pragma once
+
+/// @file device.hpp
+/// @brief Device families (cpu, cuda, xpu, hip, mps), their indexed forms (cuda:1), and
+/// the lowercase folder names under an artifact root.
+
+#include <c10/core/Device.h>
+
+#include <neml2/errors.hpp>
+
+#include <array>
+#include <charconv>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace neml2 {
+
+/// The device families a compiled artifact can target.
+enum class DeviceFamily : std::uint8_t { cpu, cuda, xpu, hip, mps };
+
+inline constexpr std::array<DeviceFamily, 5> known_device_families = {
+    DeviceFamily::cpu, DeviceFamily::cuda, DeviceFamily::xpu, DeviceFamily::hip,
+    DeviceFamily::mps};
+
+/// The family's name: what `--device` takes and the artifact's folder name.
+constexpr std::string_view name(DeviceFamily family) noexcept {
+  constexpr std::array<std::string_view, 5> names = {"cpu", "cuda", "xpu", "hip", "mps"};
+  return names[static_cast<std::size_t>(family)];
+}
+
+/// Everything but the host CPU.
+constexpr bool is_accelerator(DeviceFamily family) noexcept { return family != DeviceFamily::cpu; }
+
+/// @brief A device: a family and an optional index (`cuda` is the current CUDA device,
+/// `cuda:1` a pinned one). Built from a string such as "cuda:1" or from an at::Device.
+/// @code
+/// neml2::Device gpu = "cuda:1";   // throws FatalError for "gpu", "cuda:x", ...
+/// at::Tensor x = at::ones({3}, gpu.torch());
+/// @endcode
+class Device {
+public:
+  /* implicit */ Device(DeviceFamily family = DeviceFamily::cpu, int index = -1)
+      : _family(family)
+      , _index(index) {}
+  /* implicit */ Device(std::string_view text) { parse(text); }
+  /* implicit */ Device(const char* text) { parse(text); }
+  /* implicit */ Device(const std::string& text) { parse(text); }
+  /* implicit */ Device(const c10::Device& device);
+
+  [[nodiscard]] DeviceFamily family() const noexcept { return _family; }
+  /// The pinned index, or -1 for a bare family.
+  [[nodiscard]] int index() const noexcept { return _index; }
+  [[nodiscard]] bool has_index() const noexcept { return _index >= 0; }
+  [[nodiscard]] bool is_accelerator() const noexcept { return neml2::is_accelerator(_family); }
+  /// The folder under an artifact root that holds this family's graphs.
+  [[nodiscard]] std::string_view folder() const noexcept { return name(_family); }
+  [[nodiscard]] std::string str() const {
+    return has_index() ? std::string(name(_family)) + ':' + std::to_string(_index)
+                       : std::string(name(_family));
+  }
+  [[nodiscard]] c10::Device torch() const;
+
+  friend bool operator==(const Device&, const Device&) = default;
+
+private:
+  void parse(std::string_view text);
+
+  DeviceFamily _family = DeviceFamily::cpu;
+  int _index = -1;
+};
+
+/// "cpu, cuda, xpu, hip, mps": for error messages.
+inline std::string known_device_families_text() {
+  std::string text;
+  for (auto f : known_device_families)
+    text += (text.empty() ? "" : ", ") + std::string(name(f));
+  return text;
+}
+
+inline void Device::parse(std::string_view text) {
+  const auto colon = text.find(':');
+  const auto family = text.substr(0, colon);
+  bool known = false;
+  for (auto f : known_device_families)
+    if (name(f) == family) {
+      _family = f;
+      known = true;
+    }
+  if (!known)
+    throw FatalError("unknown device family '" + std::string(family) + "' in device '" +
+                     std::string(text) + "'; known families (lowercase): " +
+                     known_device_families_text() + ", optionally indexed as in 'cuda:1'");
+  if (colon == std::string_view::npos)
+    return;
+  const auto digits = text.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), _index);
+  if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || _index < 0)
+    throw FatalError("bad device index in '" + std::string(text) +
+                     "': expected a non-negative integer after the colon, as in '" +
+                     std::string(family) + ":0'");
+}
+
+inline Device::Device(const c10::Device& device)
+    : _index(device.has_index() ? device.index() : -1) {
+  switch (device.type()) {
+  case c10::DeviceType::CPU:
+    _family = DeviceFamily::cpu;
+    break;
+  case c10::DeviceType::CUDA:
+    _family = DeviceFamily::cuda;
+    break;
+  case c10::DeviceType::XPU:
+    _family = DeviceFamily::xpu;
+    break;
+  case c10::DeviceType::HIP:
+    _family = DeviceFamily::hip;
+    break;
+  case c10::DeviceType::MPS:
+    _family = DeviceFamily::mps;
+    break;
+  default:
+    throw FatalError("device '" + device.str() + "' is of no known family; known families: " +
+                     known_device_families_text());
+  }
+}
+
+inline c10::Device Device::torch() const {
+  constexpr std::array<c10::DeviceType, 5> types = {c10::DeviceType::CPU, c10::DeviceType::CUDA,
+                                                    c10::DeviceType::XPU, c10::DeviceType::HIP,
+                                                    c10::DeviceType::MPS};
+  return {types[static_cast<std::size_t>(_family)],
+          static_cast<c10::DeviceIndex>(has_index() ? _index : -1)};
+}
+
+} // namespace neml2

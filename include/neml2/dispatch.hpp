@@ -1,0 +1,19 @@
+#pragma once
+
+/// @file dispatch.hpp
+/// @brief Everything a single-node user needs: devices, artifacts, sessions, policies and
+/// DispatchedModel.
+/// @code
+/// #include <neml2/dispatch.hpp>
+/// auto model = neml2::load_model("aoti/model_aoti.i", "model",
+///                                neml2::SyncChunking{.device = "cpu", .batch_size = 16384});
+/// auto stress = model.forward({{"strain", strain}}).at("stress");
+/// @endcode
+
+#include <neml2/artifact.hpp>
+#include <neml2/device.hpp>
+#include <neml2/dispatched_model.hpp>
+#include <neml2/errors.hpp>
+#include <neml2/policies/sync_chunking.hpp>
+#include <neml2/policy.hpp>
+#include <neml2/session.hpp>

@@ -1,0 +1,41 @@
+#pragma once
+
+/// @file policies/sync_chunking.hpp
+/// @brief The whole batch on one device, in chunks of a fixed size, on the calling thread.
+
+#include <neml2/errors.hpp>
+#include <neml2/policy.hpp>
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+namespace neml2 {
+
+/// @brief Runs a batch on one device in chunks of `batch_size` rows (0 = one call).
+/// Use it to fit a batch into device memory, or to tune the per-call size.
+/// @code
+/// auto model = neml2::load_model("aoti/model_aoti.i", "model",
+///                                neml2::SyncChunking{.device = "cuda:0", .batch_size = 4096});
+/// @endcode
+/// @see DispatchedModel
+struct SyncChunking {
+  using dispatch_mode = synchronous;
+
+  Device device = DeviceFamily::cpu;
+  std::int64_t batch_size = 0;
+
+  [[nodiscard]] std::array<Device, 1> devices() const { return {device}; }
+  [[nodiscard]] Device compute_device() const { return device; }
+  [[nodiscard]] std::int64_t chunk_rows(std::int64_t /*batch*/) const { return batch_size; }
+
+  void validate() const {
+    if (batch_size < 0)
+      throw FatalError("SyncChunking.batch_size is " + std::to_string(batch_size) +
+                       "; it must be >= 0 (rows per chunk; 0 runs the whole batch in one call)");
+  }
+};
+
+static_assert(DispatchPolicy<SyncChunking>);
+
+} // namespace neml2

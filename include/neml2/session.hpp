@@ -1,0 +1,113 @@
+#pragma once
+
+/// @file session.hpp
+/// @brief One device's compiled graphs of one artifact: the thin layer that calls them.
+/// No AOTI header is visible here; the loaders live in src/session.cpp.
+
+#include <ATen/Tensor.h>
+
+#include <neml2/artifact.hpp>
+#include <neml2/detail/call.hpp>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace neml2 {
+
+/// Tensors keyed by variable (or parameter) name.
+using TensorMap = std::map<std::string, at::Tensor>;
+/// `J[out][in]`: the Jacobian block of output `out` with respect to `in`.
+using VariablePairJacobian = std::map<std::string, TensorMap>;
+
+/// @brief The compiled graphs of one artifact on one device, called by name.
+///
+/// Inputs are `(B, *base)` (one leading batch axis) or `(*base)` (broadcast to the
+/// batch), on the session's device, in the artifact's dtype; everything is checked before
+/// a graph runs. Promoted parameters live in named_parameters().
+/// @code
+/// neml2::Session s(std::make_shared<neml2::Artifact>(neml2::read_artifact("aoti/model")),
+///                  "cpu");
+/// auto out = s.forward({{"strain", at::zeros({8, 6}, at::kDouble)}});
+/// @endcode
+/// @see DispatchedModel, which chunks a batch over sessions.
+class Session {
+public:
+  Session(std::shared_ptr<const Artifact> artifact, const Device& device,
+          c10::ScalarType dtype = c10::kDouble);
+  ~Session();
+  Session(Session&&) noexcept;
+  Session& operator=(Session&&) noexcept;
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+
+  /// @name Evaluation, by name (validated, on this session's device).
+  ///@{
+  [[nodiscard]] TensorMap forward(const TensorMap& inputs) const;
+  /// {outputs, d(outputs)}: the directional derivative along `tangents` (missing = 0).
+  [[nodiscard]] std::pair<TensorMap, TensorMap> jvp(const TensorMap& inputs,
+                                                    const TensorMap& tangents) const;
+  /// {outputs, J}: blocks `(B, *out_base, *in_base)`; batch-independent ones unbatched.
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian> jacobian(const TensorMap& inputs) const;
+  /// {outputs, P}: blocks `(B, *out_base, *param_base)` keyed [output][parameter].
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
+  param_jacobian(const TensorMap& inputs) const;
+  /// dL/d(parameter) for L = sum over outputs of <cotangent, output> (missing = 0):
+  /// summed over the batch, or per row for a batched parameter.
+  [[nodiscard]] TensorMap param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const;
+  ///@}
+
+  /// @name Promoted parameters (`neml2-compile -p NAME`), keyed by public name.
+  /// A value is `(*param_base)` or batched `(B, *param_base)`; in-place changes are seen
+  /// by the next call.
+  ///@{
+  [[nodiscard]] TensorMap& named_parameters() noexcept;
+  [[nodiscard]] const TensorMap& named_parameters() const noexcept;
+  void set_parameter(const std::string& name, const at::Tensor& value);
+  ///@}
+
+  /// @name What the artifact declares (public names, master order).
+  ///@{
+  [[nodiscard]] const Artifact& artifact() const noexcept;
+  [[nodiscard]] const std::vector<std::string>& input_names() const noexcept;
+  [[nodiscard]] const std::vector<std::string>& output_names() const noexcept;
+  [[nodiscard]] const std::vector<Shape>& input_base_shapes() const noexcept;
+  [[nodiscard]] const std::vector<Shape>& output_base_shapes() const noexcept;
+  [[nodiscard]] const std::map<std::string, Shape>& parameter_base_shapes() const noexcept;
+  [[nodiscard]] const Device& device() const noexcept;
+  [[nodiscard]] c10::ScalarType dtype() const noexcept;
+  ///@}
+
+  /// @name For dispatchers: a call is bound once, then run chunk by chunk.
+  ///@{
+  /// Checks names, shapes, dtype and batch sizes, and puts the tensors in positional
+  /// order without copying. `extras` are the tangents (jvp) or cotangents (param_vjp).
+  /// `params` are the parameters to use (named_parameters() or a dispatcher's master
+  /// copy). With `required_device`, every tensor must live there.
+  [[nodiscard]] detail::BoundCall bind(Operation op, const TensorMap& inputs,
+                                       const TensorMap& extras, const TensorMap& params,
+                                       std::optional<c10::Device> required_device) const;
+  /// Runs `op` on one chunk (see detail::ChunkArgs); results in slot order.
+  [[nodiscard]] std::vector<at::Tensor> run(Operation op, detail::ChunkArgs& chunk) const;
+  /// The positional results of each operation as the public maps.
+  [[nodiscard]] TensorMap forward_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] std::pair<TensorMap, TensorMap> jvp_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
+  jacobian_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
+  param_jacobian_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
+  ///@}
+
+private:
+  [[nodiscard]] std::vector<at::Tensor> run_whole(Operation op, const TensorMap& inputs,
+                                                  const TensorMap& extras) const;
+
+  struct Impl;
+  std::unique_ptr<Impl> _impl;
+};
+
+} // namespace neml2

@@ -1,0 +1,396 @@
+// Reading what neml2-compile writes: the HIT stub (the subset a stub uses) and
+// metadata.json. Every malformed case is a FatalError naming the file and the fix.
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <nlohmann/json.hpp>
+
+#include <neml2/artifact.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace neml2 {
+namespace {
+
+// ---------------------------------------------------------------- the HIT stub
+
+struct HitBlock {
+  std::string name;
+  int line = 0;
+  std::map<std::string, std::pair<std::string, int>> fields; // key -> (value, line)
+  std::vector<HitBlock> children;
+
+  const HitBlock* child(const std::string& n) const {
+    for (const auto& c : children)
+      if (c.name == n)
+        return &c;
+    return nullptr;
+  }
+};
+
+std::string trim(std::string_view s) {
+  const auto first = s.find_first_not_of(" \t\r");
+  if (first == std::string_view::npos)
+    return {};
+  const auto last = s.find_last_not_of(" \t\r");
+  return std::string(s.substr(first, last - first + 1));
+}
+
+// Drops a trailing comment ('#' outside quotes).
+std::string_view strip_comment(std::string_view line) {
+  char quote = 0;
+  for (std::size_t i = 0; i < line.size(); ++i) {
+    const char c = line[i];
+    if (quote) {
+      if (c == quote)
+        quote = 0;
+    } else if (c == '\'' || c == '"')
+      quote = c;
+    else if (c == '#')
+      return line.substr(0, i);
+  }
+  return line;
+}
+
+HitBlock parse_hit(const fs::path& file) {
+  std::ifstream in(file);
+  if (!in)
+    throw FatalError(fmt::format("cannot read the stub '{}': check the path (a stub is the "
+                                 "<name>_aoti.i file that neml2-compile writes)",
+                                 file.string()));
+  HitBlock root;
+  std::vector<HitBlock*> open = {&root};
+  std::string raw;
+  for (int line_no = 1; std::getline(in, raw); ++line_no) {
+    const auto line = trim(strip_comment(raw));
+    const auto where = fmt::format("{}:{}", file.string(), line_no);
+    if (line.empty())
+      continue;
+    if (line.front() == '[') {
+      if (line.back() != ']')
+        throw FatalError(fmt::format("{}: malformed HIT section header '{}': expected [name] "
+                                     "or [] on a line of its own",
+                                     where, line));
+      auto name = trim(std::string_view(line).substr(1, line.size() - 2));
+      if (name.starts_with("./"))
+        name = name.substr(2);
+      if (name.empty() || name == "..") {
+        if (open.size() == 1)
+          throw FatalError(
+              fmt::format("{}: '{}' closes a section that was never opened", where, line));
+        open.pop_back();
+      } else {
+        open.back()->children.push_back({name, line_no, {}, {}});
+        open.push_back(&open.back()->children.back());
+      }
+      continue;
+    }
+    const auto eq = line.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw FatalError(fmt::format("{}: cannot parse '{}': expected [section], [] or key = value",
+                                   where, line));
+    const auto key = trim(std::string_view(line).substr(0, eq));
+    auto value = trim(std::string_view(line).substr(eq + 1));
+    if (!value.empty() && (value.front() == '\'' || value.front() == '"')) {
+      if (value.size() < 2 || value.back() != value.front())
+        throw FatalError(
+            fmt::format("{}: unterminated quoted value for '{}': close it with {}", where, key,
+                        value.front()));
+      value = value.substr(1, value.size() - 2);
+    }
+    open.back()->fields[key] = {value, line_no};
+  }
+  if (open.size() > 1)
+    throw FatalError(fmt::format("{}:{}: section [{}] is never closed; add [] after its fields",
+                                 file.string(), open.back()->line, open.back()->name));
+  return root;
+}
+
+// ---------------------------------------------------------------- metadata.json
+
+// Reads JSON fields with errors that name the file and the field.
+struct JsonReader {
+  std::string file;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    throw FatalError(fmt::format("{}: field '{}': {}; the file is not what neml2-compile 3.x "
+                                 "writes: regenerate the artifact with neml2-compile",
+                                 file, field, what));
+  }
+
+  const json& at(const json& j, const std::string& key, const std::string& field) const {
+    if (!j.is_object())
+      fail(field, "expected an object");
+    const auto it = j.find(key);
+    if (it == j.end())
+      fail(field + "." + key, "missing");
+    return *it;
+  }
+
+  template <class T>
+  T get(const json& j, const std::string& key, const std::string& field) const {
+    const auto& v = at(j, key, field);
+    try {
+      return v.get<T>();
+    } catch (const json::exception& e) {
+      fail(field + "." + key, e.what());
+    }
+  }
+
+  template <class T>
+  T get_or(const json& j, const std::string& key, const std::string& field, T fallback) const {
+    return j.contains(key) ? get<T>(j, key, field) : fallback;
+  }
+
+  const json& array(const json& j, const std::string& key, const std::string& field) const {
+    const auto& v = at(j, key, field);
+    if (!v.is_array())
+      fail(field + "." + key, "expected an array");
+    return v;
+  }
+};
+
+std::map<std::string, std::string> aliases(const json& meta, const char* kind,
+                                           const JsonReader& r) {
+  if (!meta.contains("boundary_aliases") || !meta["boundary_aliases"].contains(kind))
+    return {};
+  return r.get<std::map<std::string, std::string>>(meta["boundary_aliases"], kind,
+                                                   "boundary_aliases");
+}
+
+std::string aliased(const std::map<std::string, std::string>& alias, const std::string& name) {
+  const auto it = alias.find(name);
+  return it == alias.end() ? name : it->second;
+}
+
+std::vector<VariableSpec> read_variables(const json& meta, const char* kind, const JsonReader& r) {
+  const auto alias = aliases(meta, kind, r);
+  std::vector<VariableSpec> vars;
+  const auto& list = r.array(meta, kind, "");
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    const auto field = fmt::format("{}[{}]", kind, i);
+    VariableSpec v;
+    v.name = r.get<std::string>(list[i], "name", field);
+    v.public_name = aliased(alias, v.name);
+    v.var_type = r.get_or<std::string>(list[i], "var_type", field, "");
+    v.base_shape = r.get<Shape>(list[i], "base_shape", field);
+    v.sub_batch_shape = r.get_or<Shape>(list[i], "sub_batch_shape", field, {});
+    vars.push_back(std::move(v));
+  }
+  return vars;
+}
+
+std::vector<std::string> names_of(const json& list, const std::string& field,
+                                  const JsonReader& r) {
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < list.size(); ++i)
+    names.push_back(r.get<std::string>(list[i], "name", fmt::format("{}[{}]", field, i)));
+  return names;
+}
+
+ForwardSegment read_segment(const json& s, const std::string& field, const JsonReader& r) {
+  ForwardSegment seg;
+  seg.package = r.get<std::string>(s, "package", field);
+  seg.inputs = names_of(r.array(s, "inputs", field), field + ".inputs", r);
+  seg.outputs = names_of(r.array(s, "outputs", field), field + ".outputs", r);
+  seg.param_inputs = r.get_or<std::vector<std::string>>(s, "param_inputs", field, {});
+  seg.jvp_package = r.get_or<std::string>(s, "jvp_package", field, "");
+  if (!seg.jvp_package.empty()) {
+    const auto& pairs = r.array(s, "jacobian_pairs", field);
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      const auto f = fmt::format("{}.jacobian_pairs[{}]", field, i);
+      seg.jacobian_pairs.push_back({r.get<std::string>(pairs[i], "out_var", f),
+                                    r.get<std::string>(pairs[i], "in_var", f),
+                                    r.get<Shape>(pairs[i], "out_base_shape", f),
+                                    r.get<Shape>(pairs[i], "in_base_shape", f),
+                                    r.get_or<Shape>(pairs[i], "in_sub_batch_shape", f, {}),
+                                    r.get_or<bool>(pairs[i], "batch_independent", f, false)});
+    }
+  }
+  seg.param_jacobian_package = r.get_or<std::string>(s, "param_jacobian_package", field, "");
+  if (!seg.param_jacobian_package.empty()) {
+    const auto& pairs = r.array(s, "param_jacobian_pairs", field);
+    for (std::size_t i = 0; i < pairs.size(); ++i) {
+      const auto f = fmt::format("{}.param_jacobian_pairs[{}]", field, i);
+      seg.param_jacobian_pairs.push_back({r.get<std::string>(pairs[i], "out_var", f),
+                                          r.get<std::string>(pairs[i], "param", f),
+                                          r.get<Shape>(pairs[i], "out_base_shape", f),
+                                          r.get<Shape>(pairs[i], "param_base_shape", f)});
+    }
+  }
+  seg.param_vjp_package = r.get_or<std::string>(s, "param_vjp_package", field, "");
+  if (!seg.param_vjp_package.empty()) {
+    seg.param_vjp_params = r.get<std::vector<std::string>>(s, "param_vjp_params", field);
+    seg.param_vjp_outputs = r.get<std::vector<std::string>>(s, "param_vjp_outputs", field);
+  }
+  return seg;
+}
+
+std::string list_leaves(const fs::path& root) {
+  std::vector<std::string> leaves;
+  std::error_code ec;
+  for (const auto& dev : fs::directory_iterator(root, ec))
+    if (dev.is_directory())
+      for (const auto& dt : fs::directory_iterator(dev.path(), ec))
+        if (dt.is_directory())
+          leaves.push_back(dev.path().filename().string() + "/" + dt.path().filename().string());
+  std::sort(leaves.begin(), leaves.end());
+  return leaves.empty() ? "none" : fmt::format("{}", fmt::join(leaves, ", "));
+}
+
+} // namespace
+
+std::string dtype_folder(c10::ScalarType dtype) {
+  switch (dtype) {
+  case c10::kDouble:
+    return "float64";
+  case c10::kFloat:
+    return "float32";
+  default:
+    throw FatalError(fmt::format("dtype {} has no compiled artifacts: neml2-compile --dtype "
+                                 "takes float64 or float32",
+                                 c10::toString(dtype)));
+  }
+}
+
+c10::ScalarType dtype_from_name(const std::string& name) {
+  static const std::map<std::string, c10::ScalarType> known = {
+      {"float64", c10::kDouble}, {"float32", c10::kFloat}, {"float16", c10::kHalf},
+      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong}, {"int32", c10::kInt},
+      {"bool", c10::kBool}};
+  const auto it = known.find(name.starts_with("torch.") ? name.substr(6) : name);
+  if (it == known.end())
+    throw FatalError(fmt::format("unknown dtype '{}'", name));
+  return it->second;
+}
+
+fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
+  const auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
+  if (fs::is_directory(dir))
+    return dir;
+  throw FatalError(fmt::format(
+      "artifact '{}' has no graphs for device {} and dtype {} (no folder {}/{}); it has: {}. "
+      "Compile them with: neml2-compile <input.i> --model {} --device {} --dtype {} (plus the "
+      "-p/-d options used before)",
+      root.string(), device.str(), dtype_folder(dtype), device.folder(), dtype_folder(dtype),
+      list_leaves(root), root.filename().string(), device.folder(), dtype_folder(dtype)));
+}
+
+Artifact read_artifact(const fs::path& root) {
+  const auto file = root / "metadata.json";
+  if (!fs::is_regular_file(file))
+    throw FatalError(fmt::format(
+        "'{}' is not an artifact root: it has no metadata.json. Pass the folder "
+        "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
+        "<device>/<dtype>/), or the <name>_aoti.i stub beside it",
+        root.string()));
+  std::ifstream in(file);
+  json meta;
+  try {
+    meta = json::parse(in);
+  } catch (const json::exception& e) {
+    throw FatalError(fmt::format("{}: malformed JSON ({}); regenerate the artifact with "
+                                 "neml2-compile",
+                                 file.string(), e.what()));
+  }
+  const JsonReader r{file.string()};
+
+  Artifact a;
+  a.root = root;
+  a.schema_version = r.get<int>(meta, "schema_version", "");
+  if (std::find(std::begin(supported_schema_versions), std::end(supported_schema_versions),
+                a.schema_version) == std::end(supported_schema_versions))
+    throw FatalError(fmt::format("{}: schema_version {} is not supported (supported: {}); "
+                                 "regenerate the artifact with neml2-compile from neml2 3.1",
+                                 file.string(), a.schema_version,
+                                 fmt::join(supported_schema_versions, ", ")));
+  a.inputs = read_variables(meta, "inputs", r);
+  a.outputs = read_variables(meta, "outputs", r);
+
+  const auto param_alias = aliases(meta, "parameters", r);
+  const auto& params = r.array(meta, "parameters", "");
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const auto field = fmt::format("parameters[{}]", i);
+    ParameterSpec p;
+    p.name = r.get<std::string>(params[i], "name", field);
+    p.public_name = aliased(param_alias, p.name);
+    p.shape = r.get<Shape>(params[i], "shape", field);
+    p.base_shape = r.get_or<Shape>(params[i], "param_base_shape", field, p.shape);
+    p.values = r.get<std::vector<double>>(params[i], "values", field);
+    if (params[i].contains("dtype"))
+      p.dtype = dtype_from_name(r.get<std::string>(params[i], "dtype", field));
+    std::int64_t numel = 1;
+    for (auto s : p.shape)
+      numel *= s;
+    if (numel != static_cast<std::int64_t>(p.values.size()))
+      r.fail(field + ".values",
+             fmt::format("{} values for shape [{}]", p.values.size(), fmt::join(p.shape, ", ")));
+    a.parameters.push_back(std::move(p));
+  }
+
+  const auto& segments = r.array(meta, "segments", "");
+  for (std::size_t i = 0; i < segments.size(); ++i) {
+    const auto field = fmt::format("segments[{}]", i);
+    const auto kind = r.get<std::string>(segments[i], "kind", field);
+    if (kind != "forward")
+      throw FatalError(fmt::format("{}: {} is a '{}' segment; this version of neml2-dispatch "
+                                   "runs forward models only (no implicit solves yet)",
+                                   file.string(), field, kind));
+    a.segments.push_back(read_segment(segments[i], field, r));
+  }
+  if (a.segments.size() != 1)
+    throw FatalError(fmt::format("{}: {} segments; this version of neml2-dispatch runs "
+                                 "single-segment forward models only",
+                                 file.string(), a.segments.size()));
+  return a;
+}
+
+fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model) {
+  const auto hit = parse_hit(stub);
+  const auto* models = hit.child("Models");
+  if (!models)
+    throw FatalError(fmt::format("{}: no [Models] block; a stub written by neml2-compile has "
+                                 "[Models]/[{}] with type = AOTIModel",
+                                 stub.string(), model));
+  const auto* block = models->child(model);
+  if (!block) {
+    std::vector<std::string> names;
+    for (const auto& c : models->children)
+      names.push_back(c.name);
+    throw FatalError(fmt::format("{}: no model '{}' under [Models] (models there: {}); pass one "
+                                 "of those names",
+                                 stub.string(), model,
+                                 names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+  }
+  const auto where = fmt::format("{}:{}: [Models]/[{}]", stub.string(), block->line, model);
+  const auto type = block->fields.find("type");
+  if (type == block->fields.end() || type->second.first != "AOTIModel")
+    throw FatalError(fmt::format(
+        "{} has type = {}, expected AOTIModel: this is not a compiled-model stub; compile it "
+        "with neml2-compile <input.i> --model {} and load the <name>_aoti.i it writes",
+        where, type == block->fields.end() ? "(none)" : type->second.first, model));
+  const auto path = block->fields.find("artifact_path");
+  if (path == block->fields.end() || path->second.first.empty())
+    throw FatalError(fmt::format("{} has no artifact_path; set it to the artifact root folder "
+                                 "(relative to the stub's folder, or absolute)",
+                                 where));
+  const fs::path target = path->second.first;
+  return target.is_absolute() ? target : stub.parent_path() / target;
+}
+
+fs::path resolve_artifact_root(const fs::path& path, const std::string& model) {
+  if (fs::is_directory(path))
+    return path;
+  if (!fs::exists(path))
+    throw FatalError(fmt::format("'{}' does not exist: pass a stub (<name>_aoti.i) or an "
+                                 "artifact root folder written by neml2-compile",
+                                 path.string()));
+  return artifact_root_from_stub(path, model);
+}
+
+} // namespace neml2

@@ -1,0 +1,651 @@
+// One device's compiled graphs: loading them, checking calls, and calling them.
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/library.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <neml2/detail/chunking.hpp>
+#include <neml2/session.hpp>
+
+#include <mutex>
+
+namespace fs = std::filesystem;
+
+namespace neml2 {
+namespace {
+
+using Loader = torch::inductor::AOTIModelPackageLoader;
+
+std::string shape_text(c10::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+
+Shape concat(std::initializer_list<const Shape*> parts) {
+  Shape s;
+  for (const auto* p : parts)
+    s.insert(s.end(), p->begin(), p->end());
+  return s;
+}
+
+std::int64_t numel(const Shape& s) {
+  std::int64_t n = 1;
+  for (auto d : s)
+    n *= d;
+  return n;
+}
+
+// Some artifacts call neml2::opaque_pow (a pow hidden from Inductor's fusion).
+void register_custom_operators() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (c10::Dispatcher::singleton().findSchema({"neml2::opaque_pow", ""}).has_value())
+      return;
+    static torch::Library library(torch::Library::FRAGMENT, "neml2", std::nullopt, __FILE__,
+                                  __LINE__);
+    library.def("opaque_pow(Tensor base, Tensor exponent) -> Tensor",
+                [](const at::Tensor& base, const at::Tensor& exponent) {
+                  return at::pow(base, exponent);
+                });
+  });
+}
+
+// Loader construction is not thread-safe in torch: one at a time, process-wide.
+std::unique_ptr<Loader> load_graph(const fs::path& leaf, const std::string& package,
+                                   const c10::Device& device, const char* listed_as) {
+  if (package.empty())
+    return nullptr;
+  const auto file = leaf / package;
+  if (!fs::is_regular_file(file))
+    throw FatalError(fmt::format("graph file '{}' (metadata.json {}) is missing; the artifact "
+                                 "is incomplete: recompile it with neml2-compile",
+                                 file.string(), listed_as));
+  static std::mutex construction;
+  std::lock_guard lock(construction);
+  register_custom_operators();
+  return detail::translate_foreign_errors(
+      fmt::format("loading '{}' for {}", file.string(), device.str()).c_str(), [&] {
+        return std::make_unique<Loader>(file.string(), "model", /*run_single_threaded=*/false,
+                                        /*num_runners=*/1, device.index());
+      });
+}
+
+// A bare accelerator family means the current device of that family: pin it now, so that
+// inputs on that device are recognized as already in place.
+c10::Device resolve(const Device& device) {
+  auto d = device.torch();
+  if (d.is_cpu() || d.has_index())
+    return d;
+  return c10::impl::getDeviceGuardImpl(d.type())->getDevice();
+}
+
+} // namespace
+
+struct Session::Impl {
+  std::shared_ptr<const Artifact> artifact;
+  Device device;
+  c10::Device torch_device = c10::kCPU;
+  c10::ScalarType dtype;
+  fs::path leaf;
+  const ForwardSegment* segment = nullptr;
+  std::unique_ptr<Loader> value_graph, jvp_graph, param_jacobian_graph, param_vjp_graph;
+
+  // Public names and shapes, master order.
+  std::vector<std::string> input_names, output_names;
+  std::vector<Shape> input_base_shapes, output_base_shapes, input_trailing_shapes;
+  std::map<std::string, Shape> parameter_base_shapes;
+  std::map<std::string, std::size_t> input_index, output_index;
+  TensorMap parameters;
+
+  // Graph positions, resolved once: where each graph argument / result comes from.
+  std::vector<std::size_t> graph_inputs, graph_params, graph_outputs;
+  struct BlockPosition {
+    std::size_t out, in;
+  };
+  std::vector<BlockPosition> jacobian_blocks;
+  std::vector<std::size_t> vjp_params, vjp_cotangents; // -> parameter / output index
+
+  // How results gather, per operation (param_vjp's depend on the call).
+  std::vector<detail::ResultSlot> forward_slots, jvp_slots, jacobian_slots, param_jacobian_slots;
+
+  std::vector<at::Tensor> graph_args(detail::ChunkArgs& chunk) const {
+    std::vector<at::Tensor> args;
+    args.reserve(graph_inputs.size() + graph_params.size() + vjp_cotangents.size());
+    for (auto i : graph_inputs)
+      args.push_back(chunk.inputs[i]);
+    for (auto i : graph_params)
+      args.push_back(chunk.params[i]);
+    return args;
+  }
+
+  std::vector<at::Tensor> call(const std::unique_ptr<Loader>& graph,
+                               const std::vector<at::Tensor>& args) const {
+    return detail::translate_foreign_errors(
+        "running a compiled graph", [&] { return graph->run(args); });
+  }
+
+  // Value-graph outputs in master order, then the rest of what the graph returned.
+  void put_outputs_in_master_order(std::vector<at::Tensor>& results) const {
+    std::vector<at::Tensor> outputs(output_names.size());
+    for (std::size_t i = 0; i < graph_outputs.size(); ++i)
+      outputs[graph_outputs[i]] = std::move(results[i]);
+    std::move(outputs.begin(), outputs.end(), results.begin());
+  }
+
+  struct Binder;
+
+  void require(bool has_graph, const char* op, const std::string& fix) const {
+    if (!has_graph)
+      throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
+                                   "needs; recompile with neml2-compile ... {}",
+                                   op, artifact->root.string(), fix));
+  }
+};
+
+Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
+                 c10::ScalarType dtype)
+    : _impl(std::make_unique<Impl>()) {
+  auto& m = *_impl;
+  m.artifact = std::move(artifact);
+  m.dtype = dtype;
+  m.leaf = m.artifact->leaf(device, dtype);
+  m.torch_device = detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
+  m.device = Device(m.torch_device);
+  const auto& a = *m.artifact;
+  m.segment = &a.segments.front();
+  const auto& seg = *m.segment;
+
+  for (const auto& v : a.inputs) {
+    m.input_index[v.name] = m.input_names.size();
+    m.input_names.push_back(v.public_name);
+    m.input_base_shapes.push_back(v.base_shape);
+    m.input_trailing_shapes.push_back(concat({&v.sub_batch_shape, &v.base_shape}));
+  }
+  for (const auto& v : a.outputs) {
+    m.output_index[v.name] = m.output_names.size();
+    m.output_names.push_back(v.public_name);
+    m.output_base_shapes.push_back(v.base_shape);
+  }
+  std::map<std::string, std::size_t> param_index;
+  for (const auto& p : a.parameters) {
+    param_index[p.name] = param_index.size();
+    m.parameter_base_shapes[p.public_name] = p.base_shape;
+    const auto values = at::tensor(p.values, at::kDouble).reshape(p.shape);
+    m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
+  }
+
+  const auto position = [&](const std::map<std::string, std::size_t>& index,
+                            const std::string& name, const char* what) {
+    const auto it = index.find(name);
+    if (it == index.end())
+      throw FatalError(fmt::format("{}/metadata.json: the segment names {} '{}', which is not "
+                                   "declared at the top level; regenerate with neml2-compile",
+                                   a.root.string(), what, name));
+    return it->second;
+  };
+  for (const auto& n : seg.inputs)
+    m.graph_inputs.push_back(position(m.input_index, n, "input"));
+  for (const auto& n : seg.param_inputs)
+    m.graph_params.push_back(position(param_index, n, "parameter"));
+  for (const auto& n : seg.outputs)
+    m.graph_outputs.push_back(position(m.output_index, n, "output"));
+  for (const auto& p : seg.jacobian_pairs)
+    m.jacobian_blocks.push_back(
+        {position(m.output_index, p.out, "output"), position(m.input_index, p.in, "input")});
+  for (const auto& n : seg.param_vjp_params)
+    m.vjp_params.push_back(position(param_index, n, "parameter"));
+  for (const auto& n : seg.param_vjp_outputs)
+    m.vjp_cotangents.push_back(position(m.output_index, n, "output"));
+
+  for (const auto& s : m.output_base_shapes)
+    m.forward_slots.push_back({detail::Gather::rows, s});
+  m.jvp_slots = m.forward_slots;
+  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
+  m.jacobian_slots = m.forward_slots;
+  for (const auto& p : seg.jacobian_pairs)
+    m.jacobian_slots.push_back(
+        {p.batch_independent ? detail::Gather::shared : detail::Gather::rows,
+         concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape})});
+  m.param_jacobian_slots = m.forward_slots;
+  for (const auto& p : seg.param_jacobian_pairs)
+    m.param_jacobian_slots.push_back(
+        {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
+
+  const auto d = m.torch_device;
+  m.value_graph = load_graph(m.leaf, seg.package, d, "package");
+  m.jvp_graph = load_graph(m.leaf, seg.jvp_package, d, "jvp_package");
+  m.param_jacobian_graph = load_graph(m.leaf, seg.param_jacobian_package, d,
+                                      "param_jacobian_package");
+  m.param_vjp_graph = load_graph(m.leaf, seg.param_vjp_package, d, "param_vjp_package");
+}
+
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+Session& Session::operator=(Session&&) noexcept = default;
+
+// ------------------------------------------------------------------ binding a call
+
+struct Session::Impl::Binder {
+  const Session::Impl& m;
+  std::optional<c10::Device> required_device;
+  detail::BoundCall& call;
+  const at::Tensor* first = nullptr; // the tensor that fixed the device
+  std::string first_name;
+  std::vector<std::pair<std::string, std::int64_t>> batch_sizes;
+
+  // Checks one tensor against `(B, *trailing)` / `(*trailing)`; returns whether batched.
+  bool check(const std::string& what, const std::string& name, at::Tensor& t,
+             const Shape& trailing, c10::ScalarType dtype, bool on_input_device) {
+    const auto expected = [&] {
+      return fmt::format("(B, {0}) or ({0})", fmt::join(trailing, ", "));
+    };
+    if (!t.defined())
+      throw FatalError(fmt::format("{} '{}' is an undefined tensor; expected shape {}", what,
+                                   name, expected()));
+    if (t.scalar_type() != dtype)
+      throw FatalError(fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
+                                   "convert it with .to({}), or load an artifact compiled with "
+                                   "--dtype {}",
+                                   what, name, c10::toString(t.scalar_type()), m.leaf.string(),
+                                   c10::toString(dtype), c10::toString(dtype),
+                                   dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat
+                                                                                : c10::kDouble)));
+    if (on_input_device) {
+      if (required_device && t.device() != *required_device)
+        throw FatalError(fmt::format("{} '{}' is on {}, but this session runs on {}: move it "
+                                     "with .to(\"{}\") or use a DispatchedModel",
+                                     what, name, t.device().str(), required_device->str(),
+                                     required_device->str()));
+      if (!first) {
+        first = &t;
+        first_name = name;
+        call.device = t.device();
+      } else if (t.device() != call.device)
+        throw FatalError(fmt::format("{} '{}' is on {} but {} is on {}: all inputs of a call "
+                                     "must be on one device",
+                                     what, name, t.device().str(), first_name,
+                                     call.device.str()));
+    }
+    const auto sizes = t.sizes();
+    const auto rank = static_cast<std::int64_t>(trailing.size());
+    const bool batched = t.dim() == rank + 1;
+    if ((t.dim() != rank && !batched) ||
+        !std::equal(trailing.begin(), trailing.end(), sizes.end() - rank))
+      throw FatalError(fmt::format("{} '{}' has shape {}; expected {}: one leading batch axis "
+                                   "(flatten several with reshape) or none",
+                                   what, name, shape_text(sizes), expected()));
+    if (batched && t.size(0) != 1)
+      batch_sizes.emplace_back(name, t.size(0));
+    return batched;
+  }
+
+  // Leading-size-1 tensors are broadcast like unbatched ones.
+  static void squeeze_unit_batch(at::Tensor& t, std::vector<bool>::reference batched,
+                                 std::int64_t batch) {
+    if (batched && batch != 1 && t.size(0) == 1) {
+      t = t.select(0, 0);
+      batched = false;
+    }
+  }
+
+  void settle_batch() {
+    call.batch = 1;
+    call.batched = false;
+    for (const auto& [name, size] : batch_sizes)
+      call.batch = std::max(call.batch, size);
+    for (const auto& [name, size] : batch_sizes)
+      if (size != call.batch) {
+        std::vector<std::string> all;
+        for (const auto& [n, s] : batch_sizes)
+          all.push_back(fmt::format("'{}' has {}", n, s));
+        throw FatalError(fmt::format("batch sizes do not agree ({}); give every batched tensor "
+                                     "the same leading size, or 1 to broadcast",
+                                     fmt::join(all, ", ")));
+      }
+    const auto any = [](const std::vector<bool>& v) {
+      return std::find(v.begin(), v.end(), true) != v.end();
+    };
+    call.batched = any(call.inputs_batched) || any(call.params_batched) ||
+                   any(call.extras_batched);
+    for (std::size_t i = 0; i < call.inputs.size(); ++i)
+      squeeze_unit_batch(call.inputs[i], call.inputs_batched[i], call.batch);
+    for (std::size_t i = 0; i < call.params.size(); ++i)
+      squeeze_unit_batch(call.params[i], call.params_batched[i], call.batch);
+    for (std::size_t i = 0; i < call.extras.size(); ++i)
+      if (call.extras[i].defined())
+        squeeze_unit_batch(call.extras[i], call.extras_batched[i], call.batch);
+  }
+};
+
+namespace {
+
+std::string names_text(const std::vector<std::string>& names) {
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
+void reject_unknown(const TensorMap& given, const std::vector<std::string>& public_names,
+                    const char* what) {
+  for (const auto& [name, t] : given)
+    if (std::find(public_names.begin(), public_names.end(), name) == public_names.end())
+      throw FatalError(fmt::format("unknown {} '{}'; this model takes: {}", what, name,
+                                   names_text(public_names)));
+}
+
+} // namespace
+
+detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const TensorMap& extras,
+                                const TensorMap& params,
+                                std::optional<c10::Device> required_device) const {
+  const auto& m = *_impl;
+  switch (op) {
+  case Operation::jvp:
+  case Operation::jacobian:
+    m.require(m.jvp_graph != nullptr, op == Operation::jvp ? "jvp" : "jacobian",
+              "-d OUT:IN (or -d : for every pair)");
+    break;
+  case Operation::param_jacobian:
+    m.require(m.param_jacobian_graph != nullptr, "param_jacobian", "-p PARAM -d OUT:PARAM");
+    break;
+  case Operation::param_vjp:
+    m.require(m.param_vjp_graph != nullptr, "param_vjp", "-p PARAM -d OUT:PARAM");
+    break;
+  case Operation::forward:
+    break;
+  }
+
+  detail::BoundCall call;
+  Impl::Binder b{m, required_device, call, nullptr, {}, {}};
+  reject_unknown(inputs, m.input_names, "input");
+  call.inputs.resize(m.input_names.size());
+  call.inputs_batched.resize(m.input_names.size());
+  for (std::size_t i = 0; i < m.input_names.size(); ++i) {
+    const auto it = inputs.find(m.input_names[i]);
+    if (it == inputs.end())
+      throw FatalError(fmt::format("missing input '{}' (expected shape (B, {}) or ({})); this "
+                                   "model takes: {}",
+                                   m.input_names[i], fmt::join(m.input_trailing_shapes[i], ", "),
+                                   fmt::join(m.input_trailing_shapes[i], ", "),
+                                   names_text(m.input_names)));
+    call.inputs[i] = it->second;
+    call.inputs_batched[i] =
+        b.check("input", m.input_names[i], call.inputs[i], m.input_trailing_shapes[i], m.dtype,
+                true);
+  }
+
+  const auto& specs = m.artifact->parameters;
+  call.params.resize(specs.size());
+  call.params_batched.resize(specs.size());
+  for (std::size_t i = 0; i < specs.size(); ++i) {
+    const auto it = params.find(specs[i].public_name);
+    if (it == params.end())
+      throw FatalError(fmt::format("promoted parameter '{}' was removed from "
+                                   "named_parameters(); put it back or use set_parameter()",
+                                   specs[i].public_name));
+    call.params[i] = it->second;
+    call.params_batched[i] = b.check("parameter", specs[i].public_name, call.params[i],
+                                     specs[i].base_shape, specs[i].dtype.value_or(m.dtype), false);
+  }
+
+  if (op == Operation::jvp) {
+    reject_unknown(extras, m.input_names, "tangent (tangents are keyed by input)");
+    call.extras.resize(m.input_names.size());
+    call.extras_batched.resize(m.input_names.size());
+    for (std::size_t i = 0; i < m.input_names.size(); ++i)
+      if (const auto it = extras.find(m.input_names[i]); it != extras.end()) {
+        call.extras[i] = it->second;
+        call.extras_batched[i] = b.check("tangent", m.input_names[i], call.extras[i],
+                                         m.input_trailing_shapes[i], m.dtype, true);
+      }
+  } else if (op == Operation::param_vjp) {
+    std::vector<std::string> covered;
+    for (auto o : m.vjp_cotangents)
+      covered.push_back(m.output_names[o]);
+    for (const auto& [name, t] : extras)
+      if (std::find(covered.begin(), covered.end(), name) == covered.end())
+        throw FatalError(fmt::format("cotangent '{}' is not an output the param_vjp graph was "
+                                     "compiled for ({}); recompile with -d {}:PARAM",
+                                     name, names_text(covered), name));
+    call.extras.resize(covered.size());
+    call.extras_batched.resize(covered.size());
+    for (std::size_t i = 0; i < covered.size(); ++i)
+      if (const auto it = extras.find(covered[i]); it != extras.end()) {
+        call.extras[i] = it->second;
+        call.extras_batched[i] = b.check("cotangent", covered[i], call.extras[i],
+                                         m.output_base_shapes[m.vjp_cotangents[i]], m.dtype, true);
+      }
+  } else if (!extras.empty())
+    throw FatalError("internal: extras given to an operation that takes none");
+
+  b.settle_batch();
+
+  switch (op) {
+  case Operation::forward:
+    call.shared_slots = &m.forward_slots;
+    break;
+  case Operation::jvp:
+    call.shared_slots = &m.jvp_slots;
+    break;
+  case Operation::jacobian:
+    call.shared_slots = &m.jacobian_slots;
+    break;
+  case Operation::param_jacobian:
+    call.shared_slots = &m.param_jacobian_slots;
+    break;
+  case Operation::param_vjp:
+    for (auto p : m.vjp_params)
+      call.own_slots.push_back({call.params_batched[p] ? detail::Gather::rows : detail::Gather::sum,
+                                specs[p].base_shape});
+    break;
+  }
+  return call;
+}
+
+// ------------------------------------------------------------------ running a chunk
+
+std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) const {
+  const auto& m = *_impl;
+  switch (op) {
+  case Operation::forward: {
+    auto results = m.call(m.value_graph, m.graph_args(chunk));
+    m.put_outputs_in_master_order(results);
+    return results;
+  }
+  case Operation::jacobian: {
+    auto results = m.call(m.jvp_graph, m.graph_args(chunk));
+    m.put_outputs_in_master_order(results);
+    const auto n_out = m.output_names.size();
+    for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
+      if (m.segment->jacobian_pairs[k].batch_independent)
+        results[n_out + k] = results[n_out + k].select(0, 0);
+    return results;
+  }
+  case Operation::jvp: {
+    auto blocks = m.call(m.jvp_graph, m.graph_args(chunk));
+    m.put_outputs_in_master_order(blocks);
+    const auto n_out = m.output_names.size();
+    std::vector<at::Tensor> results(2 * n_out);
+    for (std::size_t o = 0; o < n_out; ++o)
+      results[o] = blocks[o];
+    for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k) {
+      const auto [o, i] = m.jacobian_blocks[k];
+      const auto& tangent = chunk.extras[i];
+      if (!tangent.defined())
+        continue;
+      const auto& pair = m.segment->jacobian_pairs[k];
+      const auto& block = blocks[n_out + k];
+      // block (R|1, *sub, *out, *in) . tangent (R, *sub, *in) -> (R, *out)
+      const auto sub = numel(pair.in_sub_batch_shape), out = numel(pair.out_base_shape),
+                 in = numel(pair.in_base_shape);
+      auto term = at::matmul(block.reshape({block.size(0), sub, out, in}),
+                             tangent.reshape({chunk.rows, sub, in, 1}))
+                      .sum({1, 3});
+      results[n_out + o] = results[n_out + o].defined() ? results[n_out + o] + term : term;
+    }
+    for (std::size_t o = 0; o < n_out; ++o) {
+      auto shape = m.output_base_shapes[o];
+      shape.insert(shape.begin(), chunk.rows);
+      auto& r = results[n_out + o];
+      r = r.defined() ? r.reshape(shape) : at::zeros(shape, blocks[o].options());
+    }
+    return results;
+  }
+  case Operation::param_jacobian: {
+    auto results = m.call(m.value_graph, m.graph_args(chunk));
+    m.put_outputs_in_master_order(results);
+    auto blocks = m.call(m.param_jacobian_graph, m.graph_args(chunk));
+    results.insert(results.end(), std::make_move_iterator(blocks.begin()),
+                   std::make_move_iterator(blocks.end()));
+    return results;
+  }
+  case Operation::param_vjp: {
+    auto args = m.graph_args(chunk);
+    for (std::size_t c = 0; c < m.vjp_cotangents.size(); ++c) {
+      if (chunk.extras[c].defined())
+        args.push_back(chunk.extras[c]);
+      else {
+        auto shape = m.output_base_shapes[m.vjp_cotangents[c]];
+        shape.insert(shape.begin(), chunk.rows);
+        args.push_back(at::zeros(shape, at::TensorOptions().dtype(m.dtype).device(m.torch_device)));
+      }
+    }
+    return m.call(m.param_vjp_graph, args);
+  }
+  }
+  throw FatalError("internal: unknown operation");
+}
+
+// ------------------------------------------------------------------ results as maps
+
+TensorMap Session::forward_result(std::vector<at::Tensor>&& results) const {
+  TensorMap out;
+  for (std::size_t o = 0; o < _impl->output_names.size(); ++o)
+    out.emplace(_impl->output_names[o], std::move(results[o]));
+  return out;
+}
+
+std::pair<TensorMap, TensorMap> Session::jvp_result(std::vector<at::Tensor>&& results) const {
+  const auto n_out = _impl->output_names.size();
+  TensorMap tangents;
+  for (std::size_t o = 0; o < n_out; ++o)
+    tangents.emplace(_impl->output_names[o], std::move(results[n_out + o]));
+  return {forward_result(std::move(results)), std::move(tangents)};
+}
+
+std::pair<TensorMap, VariablePairJacobian>
+Session::jacobian_result(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_impl;
+  const auto n_out = m.output_names.size();
+  VariablePairJacobian J;
+  for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
+    J[m.output_names[m.jacobian_blocks[k].out]][m.input_names[m.jacobian_blocks[k].in]] =
+        std::move(results[n_out + k]);
+  return {forward_result(std::move(results)), std::move(J)};
+}
+
+std::pair<TensorMap, VariablePairJacobian>
+Session::param_jacobian_result(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_impl;
+  const auto n_out = m.output_names.size();
+  std::map<std::string, std::string> public_param;
+  for (const auto& p : m.artifact->parameters)
+    public_param[p.name] = p.public_name;
+  VariablePairJacobian P;
+  const auto& pairs = m.segment->param_jacobian_pairs;
+  for (std::size_t k = 0; k < pairs.size(); ++k)
+    P[m.output_names[m.output_index.at(pairs[k].out)]][public_param.at(pairs[k].param)] =
+        std::move(results[n_out + k]);
+  return {forward_result(std::move(results)), std::move(P)};
+}
+
+TensorMap Session::param_vjp_result(std::vector<at::Tensor>&& results) const {
+  TensorMap grads;
+  for (std::size_t k = 0; k < _impl->vjp_params.size(); ++k)
+    grads.emplace(_impl->artifact->parameters[_impl->vjp_params[k]].public_name,
+                  std::move(results[k]));
+  return grads;
+}
+
+// ------------------------------------------------------------------ the named surface
+
+std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs,
+                                           const TensorMap& extras) const {
+  return detail::translate_foreign_errors("neml2::Session", [&] {
+    auto call = bind(op, inputs, extras, _impl->parameters, _impl->torch_device);
+    if (call.batch == 0)
+      return detail::Gatherer(call, _impl->dtype).finish();
+    detail::ChunkArgs chunk;
+    detail::take_rows(call, 0, call.batch, _impl->torch_device, chunk);
+    return detail::finish_whole(call, run(op, chunk));
+  });
+}
+
+TensorMap Session::forward(const TensorMap& inputs) const {
+  return forward_result(run_whole(Operation::forward, inputs, {}));
+}
+
+std::pair<TensorMap, TensorMap> Session::jvp(const TensorMap& inputs,
+                                             const TensorMap& tangents) const {
+  return jvp_result(run_whole(Operation::jvp, inputs, tangents));
+}
+
+std::pair<TensorMap, VariablePairJacobian> Session::jacobian(const TensorMap& inputs) const {
+  return jacobian_result(run_whole(Operation::jacobian, inputs, {}));
+}
+
+std::pair<TensorMap, VariablePairJacobian> Session::param_jacobian(const TensorMap& inputs) const {
+  return param_jacobian_result(run_whole(Operation::param_jacobian, inputs, {}));
+}
+
+TensorMap Session::param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
+  return param_vjp_result(run_whole(Operation::param_vjp, inputs, cotangents));
+}
+
+TensorMap& Session::named_parameters() noexcept { return _impl->parameters; }
+const TensorMap& Session::named_parameters() const noexcept { return _impl->parameters; }
+
+void Session::set_parameter(const std::string& name, const at::Tensor& value) {
+  auto& m = *_impl;
+  const auto it = m.parameter_base_shapes.find(name);
+  if (it == m.parameter_base_shapes.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, s] : m.parameter_base_shapes)
+      names.push_back(n);
+    throw FatalError(fmt::format("set_parameter: '{}' is not a promoted parameter (promoted: "
+                                 "{}); promote it with neml2-compile -p {}",
+                                 name, names_text(names), name));
+  }
+  const auto& base = it->second;
+  const auto rank = static_cast<std::int64_t>(base.size());
+  if (!value.defined() || (value.dim() != rank && value.dim() != rank + 1) ||
+      !std::equal(base.begin(), base.end(), value.sizes().end() - rank))
+    throw FatalError(fmt::format("set_parameter: '{}' takes shape ({}) or batched (B, {}); "
+                                 "got {}",
+                                 name, fmt::join(base, ", "), fmt::join(base, ", "),
+                                 value.defined() ? shape_text(value.sizes()) : "undefined"));
+  auto& stored = m.parameters[name];
+  stored = detail::translate_foreign_errors("set_parameter", [&] {
+    return value.detach().to(m.torch_device, stored.scalar_type(), false, /*copy=*/true);
+  });
+}
+
+const Artifact& Session::artifact() const noexcept { return *_impl->artifact; }
+const std::vector<std::string>& Session::input_names() const noexcept {
+  return _impl->input_names;
+}
+const std::vector<std::string>& Session::output_names() const noexcept {
+  return _impl->output_names;
+}
+const std::vector<Shape>& Session::input_base_shapes() const noexcept {
+  return _impl->input_base_shapes;
+}
+const std::vector<Shape>& Session::output_base_shapes() const noexcept {
+  return _impl->output_base_shapes;
+}
+const std::map<std::string, Shape>& Session::parameter_base_shapes() const noexcept {
+  return _impl->parameter_base_shapes;
+}
+const Device& Session::device() const noexcept { return _impl->device; }
+c10::ScalarType Session::dtype() const noexcept { return _impl->dtype; }
+
+} // namespace neml2

@@ -1,0 +1,233 @@
+// Reading what neml2-compile writes, and an error naming the file and the fix for each
+// malformed case.
+
+#include "reference.hpp"
+
+#include <atomic>
+#include <fstream>
+
+using namespace neml2;
+namespace fs = std::filesystem;
+
+namespace {
+
+// A scratch folder, removed at the end of the test.
+struct Scratch {
+  fs::path dir;
+  Scratch() {
+    static std::atomic<int> counter = 0;
+    dir = fs::temp_directory_path() /
+          ("neml2_dispatch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    fs::create_directories(dir);
+  }
+  ~Scratch() { fs::remove_all(dir); }
+
+  fs::path write(const std::string& name, const std::string& text) const {
+    const auto file = dir / name;
+    fs::create_directories(file.parent_path());
+    std::ofstream(file) << text;
+    return file;
+  }
+
+  // A copy of a compiled artifact root.
+  fs::path copy_root(const std::string& artifact, const std::string& model) const {
+    const auto to = dir / model;
+    fs::copy(test::artifacts() / artifact / model, to, fs::copy_options::recursive);
+    return to;
+  }
+};
+
+std::string read(const fs::path& file) {
+  std::ifstream in(file);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("a real artifact: variables, segment and graphs") {
+  const auto root = resolve_artifact_root(test::stub("elasticity", "elasticity"), "elasticity");
+  CHECK(root.filename() == "elasticity");
+  const auto a = read_artifact(root);
+  CHECK(a.schema_version == 14);
+  REQUIRE(a.inputs.size() == 1);
+  CHECK(a.inputs[0].name == "strain");
+  CHECK(a.inputs[0].public_name == "strain");
+  CHECK(a.inputs[0].var_type == "SR2");
+  CHECK(a.inputs[0].base_shape == Shape{6});
+  REQUIRE(a.outputs.size() == 1);
+  CHECK(a.outputs[0].name == "stress");
+  CHECK(a.parameters.empty());
+  REQUIRE(a.segments.size() == 1);
+  const auto& seg = a.segments[0];
+  CHECK(seg.package == "elasticity.pt2");
+  CHECK(seg.jvp_package == "elasticity_jvp.pt2");
+  REQUIRE(seg.jacobian_pairs.size() == 1);
+  CHECK(seg.jacobian_pairs[0].batch_independent); // baked E and nu: a constant stiffness
+  CHECK(fs::is_regular_file(a.leaf("cpu", at::kDouble) / seg.package));
+}
+
+TEST_CASE("promoted parameters with their stored values") {
+  const auto a = read_artifact(test::artifacts() / "elasticity_params" / "elasticity");
+  REQUIRE(a.parameters.size() == 2);
+  CHECK(a.parameters[0].name == "elasticity.E");
+  CHECK(a.parameters[0].values == std::vector<double>{100.0});
+  CHECK(a.parameters[0].base_shape.empty());
+  CHECK(a.parameters[1].name == "elasticity.nu");
+  CHECK(a.parameters[1].values == std::vector<double>{0.3});
+  const auto& seg = a.segments[0];
+  CHECK(seg.param_inputs == std::vector<std::string>{"elasticity.E", "elasticity.nu"});
+  CHECK(seg.param_jacobian_pairs.size() == 2);
+  CHECK(seg.param_vjp_params == std::vector<std::string>{"elasticity.E", "elasticity.nu"});
+  CHECK(seg.param_vjp_outputs == std::vector<std::string>{"stress"});
+  CHECK_FALSE(seg.jacobian_pairs[0].batch_independent);
+}
+
+TEST_CASE("renamed boundaries, float32, no stub: public names follow the aliases") {
+  const auto root = test::artifacts() / "elasticity_renamed" / "elasticity";
+  CHECK_FALSE(fs::exists(test::stub("elasticity_renamed", "elasticity")));
+  const auto a = read_artifact(resolve_artifact_root(root, "ignored for a folder"));
+  CHECK(a.inputs[0].name == "strain");
+  CHECK(a.inputs[0].public_name == "eps");
+  CHECK(a.outputs[0].public_name == "sig");
+  CHECK(a.parameters[0].public_name == "youngs_modulus");
+  CHECK(fs::is_directory(a.leaf("cpu", at::kFloat)));
+
+  const auto message = test::fatal_message([&] { return a.leaf("cpu", at::kDouble); });
+  CHECK(contains(message, "no graphs for device cpu and dtype float64"));
+  CHECK(contains(message, "it has: cpu/float32"));
+  CHECK(contains(message, "neml2-compile <input.i> --model elasticity --device cpu --dtype float64"));
+}
+
+TEST_CASE("no folder for the device: the folders that exist and the command that makes it") {
+  const auto a = read_artifact(test::artifacts() / "elasticity" / "elasticity");
+  const auto message = test::fatal_message([&] { return a.leaf("cuda:1", at::kDouble); });
+  CHECK(contains(message, "no graphs for device cuda:1 and dtype float64"));
+  CHECK(contains(message, "it has: cpu/float64"));
+  CHECK(contains(message, "--device cuda --dtype float64"));
+}
+
+TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case") {
+  Scratch s;
+  const auto root = s.copy_root("elasticity", "elasticity");
+  const auto stub_for = [&](const std::string& body) { return s.write("stub.i", body); };
+
+  SUBCASE("relative to the stub's folder, with comments and other sections") {
+    const auto stub = stub_for("# comment\n[Models]\n  [elasticity] # the model\n"
+                               "    type = AOTIModel\n    artifact_path = 'elasticity'\n  []\n"
+                               "[]\n[Drivers]\n  [d]\n    type = X\n  []\n[]\n");
+    CHECK(artifact_root_from_stub(stub, "elasticity") == s.dir / "elasticity");
+  }
+  SUBCASE("absolute") {
+    const auto stub = stub_for("[Models]\n[elasticity]\ntype = AOTIModel\nartifact_path = \"" +
+                               root.string() + "\"\n[]\n[]\n");
+    CHECK(artifact_root_from_stub(stub, "elasticity") == root);
+  }
+  SUBCASE("no such model: the models that are there") {
+    const auto message = test::fatal_message(
+        [&] { return resolve_artifact_root(test::stub("elasticity", "elasticity"), "elastic"); });
+    CHECK(contains(message, "elasticity_aoti.i"));
+    CHECK(contains(message, "no model 'elastic' under [Models] (models there: elasticity)"));
+  }
+  SUBCASE("not a compiled-model block") {
+    const auto input = fs::path(NEML2_DISPATCH_TEST_SOURCES) / ".." / "models" / "elasticity.i";
+    const auto message = test::fatal_message([&] { return artifact_root_from_stub(input, "elasticity"); });
+    CHECK(contains(message, "elasticity.i:"));
+    CHECK(contains(message, "type = LinearIsotropicElasticity, expected AOTIModel"));
+    CHECK(contains(message, "neml2-compile"));
+  }
+  SUBCASE("no [Models]") {
+    const auto message = test::fatal_message([&] { return artifact_root_from_stub(stub_for("[A]\n[]\n"), "m"); });
+    CHECK(contains(message, "no [Models] block"));
+  }
+  SUBCASE("no artifact_path") {
+    const auto message = test::fatal_message([&] {
+      return artifact_root_from_stub(stub_for("[Models]\n[m]\ntype = AOTIModel\n[]\n[]\n"), "m");
+    });
+    CHECK(contains(message, "stub.i:2: [Models]/[m] has no artifact_path"));
+  }
+  SUBCASE("malformed HIT") {
+    CHECK(contains(test::fatal_message([&] {
+                     return artifact_root_from_stub(stub_for("[Models]\n  [m]\n    type = AOTIModel\n[]\n"), "m");
+                   }),
+                   "stub.i:1: section [Models] is never closed"));
+    CHECK(contains(test::fatal_message([&] {
+                     return artifact_root_from_stub(stub_for("[Models]\n  just words\n[]\n"), "m");
+                   }),
+                   "stub.i:2: cannot parse 'just words'"));
+    CHECK(contains(test::fatal_message([&] {
+                     return artifact_root_from_stub(stub_for("[Models]\n[]\n[]\n"), "m");
+                   }),
+                   "stub.i:3: '[]' closes a section that was never opened"));
+    CHECK(contains(test::fatal_message([&] {
+                     return artifact_root_from_stub(stub_for("[Models]\n[m]\nartifact_path = 'x\n[]\n[]\n"), "m");
+                   }),
+                   "stub.i:3: unterminated quoted value for 'artifact_path'"));
+  }
+  SUBCASE("a path that does not exist") {
+    CHECK(contains(test::fatal_message([&] { return resolve_artifact_root(s.dir / "nope.i", "m"); }),
+                   "nope.i' does not exist"));
+  }
+}
+
+TEST_CASE("metadata.json: every malformed case names the file and the fix") {
+  Scratch s;
+  const auto root = s.copy_root("elasticity", "elasticity");
+  const auto meta = root / "metadata.json";
+  const auto original = read(meta);
+  const auto rewrite = [&](const std::string& from, const std::string& to) {
+    auto text = original;
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    std::ofstream(meta) << text;
+  };
+
+  SUBCASE("no metadata.json") {
+    const auto message = test::fatal_message([&] { return read_artifact(s.dir); });
+    CHECK(contains(message, "is not an artifact root: it has no metadata.json"));
+    CHECK(contains(message, "<output-dir>/<name>/"));
+  }
+  SUBCASE("unsupported schema version") {
+    rewrite("\"schema_version\": 14", "\"schema_version\": 13");
+    const auto message = test::fatal_message([&] { return read_artifact(root); });
+    CHECK(contains(message, "metadata.json: schema_version 13 is not supported (supported: 14)"));
+    CHECK(contains(message, "regenerate the artifact with neml2-compile"));
+  }
+  SUBCASE("malformed JSON") {
+    rewrite("\"schema_version\": 14", "\"schema_version\": 14,,");
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
+                   "metadata.json: malformed JSON"));
+  }
+  SUBCASE("a missing field") {
+    rewrite("\"base_shape\"", "\"shape_of_base\"");
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
+                   "field 'inputs[0].base_shape': missing"));
+  }
+  SUBCASE("a field of the wrong type") {
+    rewrite("\"package\": \"elasticity.pt2\"", "\"package\": 3");
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
+                   "field 'segments[0].package'"));
+  }
+  SUBCASE("an implicit segment") {
+    rewrite("\"kind\": \"forward\"", "\"kind\": \"implicit\"");
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
+                   "segments[0] is a 'implicit' segment"));
+  }
+  SUBCASE("a graph file listed but missing") {
+    fs::remove(root / "cpu" / "float64" / "elasticity_jvp.pt2");
+    const auto artifact = std::make_shared<const Artifact>(read_artifact(root));
+    const auto message = test::fatal_message([&] { return Session(artifact, "cpu"); });
+    CHECK(contains(message, "elasticity_jvp.pt2' (metadata.json jvp_package) is missing"));
+  }
+}
+
+TEST_CASE("dtype folder names") {
+  CHECK(dtype_folder(at::kDouble) == "float64");
+  CHECK(dtype_folder(at::kFloat) == "float32");
+  CHECK(contains(test::fatal_message([] { return dtype_folder(at::kHalf); }), "float64 or float32"));
+  CHECK((dtype_from_name("torch.int64") == at::kLong));
+}

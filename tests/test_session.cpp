@@ -1,0 +1,191 @@
+// The session: every operation against eager NEML2, parameters, and input validation.
+
+#include "model_checks.hpp"
+
+using namespace neml2;
+
+namespace {
+
+Session open(const std::string& artifact, const std::string& model,
+             at::ScalarType dtype = at::kDouble) {
+  const auto root = test::artifacts() / artifact / model;
+  return Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu", dtype);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("elasticity: forward, jacobian and jvp match eager NEML2") {
+  const auto s = open("elasticity", "elasticity");
+  const test::Reference ref("elasticity");
+  test::check_all_batches(s, ref, /*derivatives=*/true, /*parameters=*/false);
+  // The stiffness does not depend on the batch: one unbatched block.
+  const auto [out, J] = s.jacobian(ref.group("b7/in"));
+  CHECK(J.at("stress").at("strain").sizes() == c10::IntArrayRef{6, 6});
+}
+
+TEST_CASE("three rates: eight inputs, unbatched ones broadcast") {
+  const auto s = open("rates", "eq");
+  const test::Reference ref("rates");
+  CHECK(s.input_names() ==
+        std::vector<std::string>{"a", "a~1", "t", "t~1", "b", "b~1", "c", "c~1"});
+  test::check_all_batches(s, ref, true, false);
+  test::check_forward(s, ref, "bcast");
+  test::check_jacobian(s, ref, "bcast");
+  test::check_jvp(s, ref, "bcast");
+}
+
+TEST_CASE("promoted parameters: values, derivatives, set_parameter, batched values") {
+  auto s = open("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  REQUIRE(s.named_parameters().size() == 2);
+  CHECK(s.named_parameters().at("elasticity.E").item<double>() == 100.0);
+  CHECK(s.parameter_base_shapes().at("elasticity.nu").empty());
+  test::check_all_batches(s, ref, true, true);
+
+  SUBCASE("set_parameter") {
+    for (const auto& p : {"elasticity.E", "elasticity.nu"})
+      s.set_parameter(p, ref[std::string("set/param/") + p]);
+    test::check_forward(s, ref, "set");
+  }
+  SUBCASE("in-place changes through named_parameters() are seen by the next call") {
+    for (const auto& p : {"elasticity.E", "elasticity.nu"})
+      s.named_parameters().at(p).copy_(ref[std::string("set/param/") + p]);
+    test::check_forward(s, ref, "set");
+  }
+  SUBCASE("a batched parameter: one value per row") {
+    s.set_parameter("elasticity.E", ref["pbatch/param/elasticity.E"]);
+    test::check_forward(s, ref, "pbatch");
+    test::check_param_jacobian(s, ref, "pbatch");
+    const auto grads = s.param_vjp(ref.group("pbatch/in"), ref.group("pbatch/cot"));
+    test::check_close(grads.at("elasticity.E"), ref["pbatch/pvjp_rows/elasticity.E"],
+                      "per-row dL/dE");
+    test::check_close(grads.at("elasticity.nu"), ref["pbatch/pvjp/elasticity.nu"], "dL/dnu");
+    const auto message = test::fatal_message([&] { return s.forward(ref.group("b2/in")); });
+    CHECK(contains(message, "batch sizes do not agree ('strain' has 2, 'elasticity.E' has 7)"));
+  }
+  SUBCASE("bad set_parameter calls") {
+    CHECK(contains(test::fatal_message([&] { s.set_parameter("E", at::ones({})); }),
+                   "'E' is not a promoted parameter (promoted: elasticity.E, elasticity.nu)"));
+    CHECK(contains(test::fatal_message([&] { s.set_parameter("elasticity.E", at::ones({2, 3})); }),
+                   "'elasticity.E' takes shape () or batched (B, ); got [2, 3]"));
+    test::check_forward(s, ref, "b7"); // still usable
+  }
+}
+
+TEST_CASE("renamed float32 artifact: public names, float32 numbers") {
+  const auto s = open("elasticity_renamed", "elasticity", at::kFloat);
+  const test::Reference ref("elasticity");
+  CHECK(s.input_names() == std::vector<std::string>{"eps"});
+  CHECK(s.output_names() == std::vector<std::string>{"sig"});
+  CHECK(s.named_parameters().count("youngs_modulus") == 1);
+  CHECK((s.dtype() == at::kFloat));
+  const auto out = s.forward({{"eps", ref["b33/in/strain"].to(at::kFloat)}});
+  CHECK((out.at("sig").scalar_type() == at::kFloat));
+  test::check_close(out.at("sig"), ref["b33/out/stress"], "float32 stress", 1e-5);
+  const auto [values, J] = s.jacobian({{"eps", ref["b7/in/strain"].to(at::kFloat)}});
+  test::check_close(J.at("sig").at("eps"), ref["b7/jac/stress/strain"], "float32 dsig/deps",
+                    1e-5, true);
+}
+
+TEST_CASE("batch 0 gives empty results of the right shapes; no batch axis gives none") {
+  test::check_empty_batch(open("elasticity", "elasticity"), true);
+  test::check_empty_batch(open("rates", "eq"), true);
+
+  const auto s = open("elasticity", "elasticity");
+  const test::Reference ref("elasticity");
+  const auto out = s.forward({{"strain", ref["b1/in/strain"][0]}});
+  CHECK(out.at("stress").sizes() == c10::IntArrayRef{6});
+  test::check_close(out.at("stress"), ref["b1/out/stress"][0], "unbatched stress");
+
+  const auto p = open("elasticity_params", "elasticity");
+  const auto grads = p.param_vjp(test::zeros_inputs(p, 0), {});
+  CHECK(grads.at("elasticity.E").sizes() == c10::IntArrayRef{});
+  CHECK(grads.at("elasticity.E").item<double>() == 0.0);
+}
+
+TEST_CASE("inputs are checked before any graph runs, and the session stays usable") {
+  const auto s = open("rates", "eq");
+  const test::Reference ref("rates");
+  auto good = ref.group("b7/in");
+  const auto fails_with = [&](TensorMap inputs, const std::string& part) {
+    const auto message = test::fatal_message([&] { return s.forward(inputs); });
+    CHECK_MESSAGE(contains(message, part), message);
+  };
+
+  auto missing = good;
+  missing.erase("t~1");
+  fails_with(missing, "missing input 't~1'");
+  fails_with(missing, "this model takes: a, a~1, t, t~1, b, b~1, c, c~1");
+
+  auto unknown = good;
+  unknown["d"] = good["a"];
+  fails_with(unknown, "unknown input 'd'");
+
+  auto wrong_dtype = good;
+  wrong_dtype["b"] = good["b"].to(at::kFloat);
+  fails_with(wrong_dtype, "input 'b' has dtype Float, but the artifact");
+  fails_with(wrong_dtype, "runs Double");
+
+  auto wrong_shape = good;
+  wrong_shape["c"] = at::zeros({7, 2}, at::kDouble);
+  fails_with(wrong_shape, "input 'c' has shape [7, 2]; expected (B, ) or ()");
+
+  auto two_batch_axes = good;
+  two_batch_axes["c"] = at::zeros({7, 2, 3}, at::kDouble);
+  fails_with(two_batch_axes, "one leading batch axis");
+
+  auto disagreeing = good;
+  disagreeing["a"] = at::ones({5}, at::kDouble);
+  fails_with(disagreeing, "batch sizes do not agree");
+  fails_with(disagreeing, "'a' has 5");
+
+  auto elsewhere = good;
+  elsewhere["a"] = at::ones({7}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
+  fails_with(elsewhere, "input 'a' is on meta, but this session runs on cpu");
+
+  auto undefined = good;
+  undefined["a"] = at::Tensor();
+  fails_with(undefined, "input 'a' is an undefined tensor");
+
+  // Leading size 1 broadcasts like no batch axis.
+  auto unit = good;
+  unit["t"] = good["t"].narrow(0, 0, 1);
+  const auto out = s.forward(unit);
+  CHECK(out.at("a_rate").sizes() == c10::IntArrayRef{7});
+
+  test::check_forward(s, ref, "b7");
+}
+
+TEST_CASE("tangents and cotangents are checked too") {
+  const auto s = open("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  const auto inputs = ref.group("b7/in");
+  CHECK(contains(test::fatal_message([&] { return s.jvp(inputs, {{"stress", inputs.at("strain")}}); }),
+                 "unknown tangent (tangents are keyed by input) 'stress'"));
+  CHECK(contains(test::fatal_message([&] { return s.jvp(inputs, {{"strain", at::ones({3, 6}, at::kDouble)}}); }),
+                 "batch sizes do not agree"));
+  CHECK(contains(test::fatal_message([&] { return s.param_vjp(inputs, {{"strain", inputs.at("strain")}}); }),
+                 "cotangent 'strain' is not an output the param_vjp graph was compiled for (stress)"));
+  // A missing tangent counts as zero.
+  const auto [out, tangent_out] = s.jvp(inputs, {});
+  CHECK(tangent_out.at("stress").abs().max().item<double>() == 0.0);
+}
+
+TEST_CASE("operations without their graphs say how to compile them") {
+  const auto s = open("elasticity_forward", "elasticity");
+  const test::Reference ref("elasticity");
+  const auto inputs = ref.group("b2/in");
+  const auto jac = test::fatal_message([&] { return s.jacobian(inputs); });
+  CHECK(contains(jac, "jacobian(): artifact"));
+  CHECK(contains(jac, "-d OUT:IN"));
+  CHECK(contains(test::fatal_message([&] { return s.jvp(inputs, {}); }), "jvp(): artifact"));
+  CHECK(contains(test::fatal_message([&] { return s.param_jacobian(inputs); }),
+                 "-p PARAM -d OUT:PARAM"));
+  CHECK(contains(test::fatal_message([&] { return s.param_vjp(inputs, {}); }),
+                 "param_vjp(): artifact"));
+  test::check_forward(s, ref, "b2");
+}

@@ -1,0 +1,116 @@
+// DispatchedModel<SyncChunking>: every operation, chunked every way, against eager NEML2.
+
+#include "model_checks.hpp"
+
+using namespace neml2;
+
+namespace {
+
+template <class Policy = SyncChunking>
+DispatchedModel<Policy> load(const std::string& artifact, const std::string& model,
+                             Policy policy = {}) {
+  return load_model(test::stub(artifact, model), model, policy);
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+} // namespace
+
+TEST_CASE("every chunk size gives the eager numbers: 1, 3, the batch and 0") {
+  for (std::int64_t rows : {1, 3, 7, 33, 0}) {
+    CAPTURE(rows);
+    const SyncChunking policy{.device = "cpu", .batch_size = rows};
+    test::check_all_batches(load("elasticity", "elasticity", policy),
+                            test::Reference("elasticity"), true, false);
+    const auto rates = load("rates", "eq", policy);
+    const test::Reference rates_ref("rates");
+    test::check_all_batches(rates, rates_ref, true, false);
+    test::check_forward(rates, rates_ref, "bcast");
+    test::check_jvp(rates, rates_ref, "bcast");
+    test::check_jacobian(rates, rates_ref, "bcast");
+    test::check_all_batches(load("elasticity_params", "elasticity", policy),
+                            test::Reference("elasticity_params"), true, true);
+    test::check_empty_batch(rates, true);
+  }
+}
+
+TEST_CASE("batched parameters are cut with the batch; param_vjp sums or keeps rows") {
+  const test::Reference ref("elasticity_params");
+  auto m = load("elasticity_params", "elasticity", SyncChunking{.batch_size = 3});
+  m.set_parameter("elasticity.E", ref["pbatch/param/elasticity.E"]);
+  test::check_forward(m, ref, "pbatch");
+  test::check_param_jacobian(m, ref, "pbatch");
+  const auto grads = m.param_vjp(ref.group("pbatch/in"), ref.group("pbatch/cot"));
+  test::check_close(grads.at("elasticity.E"), ref["pbatch/pvjp_rows/elasticity.E"],
+                    "per-row dL/dE");
+  test::check_close(grads.at("elasticity.nu"), ref["pbatch/pvjp/elasticity.nu"],
+                    "dL/dnu summed over chunks");
+}
+
+TEST_CASE("load_model: stub or artifact root, default whole batch on cpu") {
+  const test::Reference ref("elasticity");
+  const auto by_stub = load_model(test::stub("elasticity", "elasticity"), "elasticity");
+  CHECK(by_stub.policy().batch_size == 0);
+  CHECK(by_stub.device() == Device("cpu"));
+  test::check_forward(by_stub, ref, "b33");
+  const auto by_root = load_model(test::artifacts() / "elasticity" / "elasticity", "elasticity",
+                                  SyncChunking{.batch_size = 4});
+  test::check_forward(by_root, ref, "b33");
+  CHECK(by_root.input_names() == std::vector<std::string>{"strain"});
+  CHECK(by_root.output_base_shapes() == std::vector<Shape>{{6}});
+  CHECK((by_root.dtype() == at::kDouble));
+}
+
+TEST_CASE("results come back on the input device, shaped like the inputs") {
+  const auto m = load("elasticity", "elasticity", SyncChunking{.batch_size = 2});
+  const test::Reference ref("elasticity");
+  // Non-contiguous batched input: a transposed view.
+  const auto strain = ref["b7/in/strain"].t().contiguous().t();
+  REQUIRE_FALSE(strain.is_contiguous());
+  test::check_close(m.forward({{"strain", strain}}).at("stress"), ref["b7/out/stress"],
+                    "non-contiguous input");
+  // No batch axis in, none out.
+  const auto out = m.forward({{"strain", ref["b1/in/strain"][0]}});
+  CHECK(out.at("stress").sizes() == c10::IntArrayRef{6});
+}
+
+TEST_CASE("a policy's bad fields are errors that name the field") {
+  CHECK(contains(test::fatal_message([] { return load("elasticity", "elasticity", SyncChunking{.batch_size = -2}); }),
+                 "SyncChunking.batch_size is -2; it must be >= 0"));
+  CHECK(contains(test::fatal_message([] { return SyncChunking{.device = "gpu"}; }),
+                 "unknown device family 'gpu'"));
+  // No CUDA graphs in a cpu-only artifact: say how to make them.
+  CHECK(contains(test::fatal_message([] { return load("elasticity", "elasticity", SyncChunking{.device = "cuda:0"}); }),
+                 "--device cuda"));
+}
+
+namespace {
+// A user-written policy: halves of the batch, wherever the batch is.
+struct Halves {
+  using dispatch_mode = synchronous;
+  std::array<Device, 1> devices() const { return {"cpu"}; }
+  Device compute_device() const { return "cpu"; }
+  std::int64_t chunk_rows(std::int64_t batch) const { return (batch + 1) / 2; }
+};
+
+struct NegativeRows : Halves {
+  std::int64_t chunk_rows(std::int64_t) const { return -1; }
+};
+} // namespace
+
+TEST_CASE("a user-written policy is honoured") {
+  const test::Reference ref("rates");
+  test::check_all_batches(load("rates", "eq", Halves{}), ref, true, false);
+  const auto bad = load("rates", "eq", NegativeRows{});
+  CHECK(contains(test::fatal_message([&] { return bad.forward(ref.group("b2/in")); }),
+                 "chunk_rows() must return >= 0"));
+}
+
+TEST_CASE("an error mid-call leaves the model usable") {
+  const test::Reference ref("elasticity");
+  const auto m = load("elasticity", "elasticity", SyncChunking{.batch_size = 3});
+  CHECK_THROWS_AS((void)m.forward({{"strain", at::ones({4, 5}, at::kDouble)}}), FatalError);
+  test::check_forward(m, ref, "b7");
+}
