@@ -4,6 +4,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/library.h>
+#include <caffe2/serialize/inline_container.h>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,6 +13,8 @@
 #include <neml2/session.hpp>
 
 #include <mutex>
+#include <set>
+#include <regex>
 
 namespace fs = std::filesystem;
 
@@ -51,9 +54,40 @@ void register_custom_operators() {
   });
 }
 
+// The dtypes a graph checks its inputs against, read from the generated wrapper source in
+// the package (empty when the package carries none). The folder name alone is not proof:
+// neml2-compile 3.1 with --dtype float32 writes float64 graphs into <device>/float32/.
+std::set<std::string> graph_input_dtypes(const fs::path& file) {
+  std::set<std::string> dtypes;
+  caffe2::serialize::PyTorchStreamReader reader(file.string());
+  for (const auto& record : reader.getAllRecords()) {
+    if (!record.ends_with("wrapper.cpp"))
+      continue;
+    const auto [data, size] = reader.getRecord(record);
+    const std::string source(static_cast<const char*>(data.get()), size);
+    static const std::regex expected(R"(_expected_dtype = aoti_torch_dtype_(\w+)\(\))");
+    for (std::sregex_iterator it(source.begin(), source.end(), expected), end; it != end; ++it)
+      dtypes.insert((*it)[1].str());
+  }
+  return dtypes;
+}
+
+void check_graph_dtype(const fs::path& file, c10::ScalarType dtype) {
+  const auto expected = dtype_folder(dtype);
+  for (const auto& found : graph_input_dtypes(file))
+    if (found.starts_with("float") && found != expected)
+      throw FatalError(fmt::format(
+          "graph '{}' takes {} inputs, but it sits in a {} folder: the artifact's graphs are "
+          "not in the dtype their folder names (neml2-compile 3.1 --dtype float32 writes "
+          "float64 graphs), and running them on {} data would give garbage. Compile with "
+          "--dtype {} and pass {} inputs",
+          file.string(), found, expected, expected, found, found));
+}
+
 // Loader construction is not thread-safe in torch: one at a time, process-wide.
 std::unique_ptr<Loader> load_graph(const fs::path& leaf, const std::string& package,
-                                   const c10::Device& device, const char* listed_as) {
+                                   const c10::Device& device, c10::ScalarType dtype,
+                                   const char* listed_as) {
   if (package.empty())
     return nullptr;
   const auto file = leaf / package;
@@ -66,6 +100,7 @@ std::unique_ptr<Loader> load_graph(const fs::path& leaf, const std::string& pack
   register_custom_operators();
   return detail::translate_foreign_errors(
       fmt::format("loading '{}' for {}", file.string(), device.str()).c_str(), [&] {
+        check_graph_dtype(file, dtype);
         return std::make_unique<Loader>(file.string(), "model", /*run_single_threaded=*/false,
                                         /*num_runners=*/1, device.index());
       });
@@ -213,11 +248,11 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
 
   const auto d = m.torch_device;
-  m.value_graph = load_graph(m.leaf, seg.package, d, "package");
-  m.jvp_graph = load_graph(m.leaf, seg.jvp_package, d, "jvp_package");
-  m.param_jacobian_graph = load_graph(m.leaf, seg.param_jacobian_package, d,
-                                      "param_jacobian_package");
-  m.param_vjp_graph = load_graph(m.leaf, seg.param_vjp_package, d, "param_vjp_package");
+  m.value_graph = load_graph(m.leaf, seg.package, d, dtype, "package");
+  m.jvp_graph = load_graph(m.leaf, seg.jvp_package, d, dtype, "jvp_package");
+  m.param_jacobian_graph =
+      load_graph(m.leaf, seg.param_jacobian_package, d, dtype, "param_jacobian_package");
+  m.param_vjp_graph = load_graph(m.leaf, seg.param_vjp_package, d, dtype, "param_vjp_package");
 }
 
 Session::~Session() = default;
@@ -290,8 +325,7 @@ struct Session::Impl::Binder {
   }
 
   void settle_batch() {
-    call.batch = 1;
-    call.batched = false;
+    call.batch = batch_sizes.empty() ? 1 : 0;
     for (const auto& [name, size] : batch_sizes)
       call.batch = std::max(call.batch, size);
     for (const auto& [name, size] : batch_sizes)

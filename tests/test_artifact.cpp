@@ -86,20 +86,28 @@ TEST_CASE("promoted parameters with their stored values") {
   CHECK_FALSE(seg.jacobian_pairs[0].batch_independent);
 }
 
-TEST_CASE("renamed boundaries, float32, no stub: public names follow the aliases") {
+TEST_CASE("renamed boundaries, no stub: public names follow the aliases") {
   const auto root = test::artifacts() / "elasticity_renamed" / "elasticity";
   CHECK_FALSE(fs::exists(test::stub("elasticity_renamed", "elasticity")));
   const auto a = read_artifact(resolve_artifact_root(root, "ignored for a folder"));
   CHECK(a.inputs[0].name == "strain");
   CHECK(a.inputs[0].public_name == "eps");
   CHECK(a.outputs[0].public_name == "sig");
+  CHECK(a.parameters[0].name == "elasticity.E");
   CHECK(a.parameters[0].public_name == "youngs_modulus");
-  CHECK(fs::is_directory(a.leaf("cpu", at::kFloat)));
+  CHECK(a.segments[0].inputs == std::vector<std::string>{"strain"}); // internal names
 
-  const auto message = test::fatal_message([&] { return a.leaf("cpu", at::kDouble); });
-  CHECK(contains(message, "no graphs for device cpu and dtype float64"));
-  CHECK(contains(message, "it has: cpu/float32"));
-  CHECK(contains(message, "neml2-compile <input.i> --model elasticity --device cpu --dtype float64"));
+  const auto message = test::fatal_message([&] { return a.leaf("cpu", at::kFloat); });
+  CHECK(contains(message, "no graphs for device cpu and dtype float32"));
+  CHECK(contains(message, "it has: cpu/float64"));
+  CHECK(contains(message, "neml2-compile <input.i> --model elasticity --device cpu --dtype float32"));
+}
+
+TEST_CASE("--dtype float32: the leaf is cpu/float32") {
+  const auto a = read_artifact(test::artifacts() / "elasticity_float32" / "elasticity");
+  CHECK(fs::is_regular_file(a.leaf("cpu", at::kFloat) / "elasticity.pt2"));
+  CHECK(contains(test::fatal_message([&] { return a.leaf("cpu", at::kDouble); }),
+                 "it has: cpu/float32"));
 }
 
 TEST_CASE("no folder for the device: the folders that exist and the command that makes it") {

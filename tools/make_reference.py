@@ -178,7 +178,8 @@ def main():
         per_row = base * (1 + torch.arange(batch, dtype=torch.float64).reshape(
             batch, *([1] * base.dim())) / 10)
         model.set_parameter(e0, per_row)
-        store.put(f"pbatch/param/{p0}", per_row)
+        for p in args.param:
+            store.put(f"pbatch/param/{p}", dict(model.named_parameters())[eager_name(model, p, args.model)])
         inputs = random_inputs(model, batch, gen)
         forward_case(store, model, "pbatch", inputs, batch)
         pjac, cot = parameter_case(store, model, "pbatch", inputs, batch, args.param, gen,
