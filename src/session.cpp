@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/SmallVector.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/library.h>
 #include <caffe2/serialize/inline_container.h>
@@ -144,6 +145,15 @@ struct Session::Impl {
   // How results gather, per operation (param_vjp's depend on the call).
   std::vector<detail::ResultSlot> forward_slots, jvp_slots, jacobian_slots, param_jacobian_slots;
 
+  bool outputs_in_master_order = true; // the value graph returns outputs in master order
+  bool graph_takes_inputs_as_is = true; // no reordering, no parameters
+
+  // Runs a graph that takes the structural inputs then the parameters.
+  std::vector<at::Tensor> run_graph(const std::unique_ptr<Loader>& graph,
+                                    detail::ChunkArgs& chunk) const {
+    return graph_takes_inputs_as_is ? call(graph, chunk.inputs) : call(graph, graph_args(chunk));
+  }
+
   std::vector<at::Tensor> graph_args(detail::ChunkArgs& chunk) const {
     std::vector<at::Tensor> args;
     args.reserve(graph_inputs.size() + graph_params.size() + vjp_cotangents.size());
@@ -162,6 +172,8 @@ struct Session::Impl {
 
   // Value-graph outputs in master order, then the rest of what the graph returned.
   void put_outputs_in_master_order(std::vector<at::Tensor>& results) const {
+    if (outputs_in_master_order)
+      return;
     std::vector<at::Tensor> outputs(output_names.size());
     for (std::size_t i = 0; i < graph_outputs.size(); ++i)
       outputs[graph_outputs[i]] = std::move(results[i]);
@@ -225,6 +237,17 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     m.graph_params.push_back(position(param_index, n, "parameter"));
   for (const auto& n : seg.outputs)
     m.graph_outputs.push_back(position(m.output_index, n, "output"));
+  const auto is_identity = [](const std::vector<std::size_t>& positions) {
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      if (positions[i] != i)
+        return false;
+    return true;
+  };
+  m.outputs_in_master_order =
+      is_identity(m.graph_outputs) && m.graph_outputs.size() == m.output_names.size();
+  m.graph_takes_inputs_as_is = is_identity(m.graph_inputs) &&
+                               m.graph_inputs.size() == m.input_names.size() &&
+                               m.graph_params.empty();
   for (const auto& p : seg.jacobian_pairs)
     m.jacobian_blocks.push_back(
         {position(m.output_index, p.out, "output"), position(m.input_index, p.in, "input")});
@@ -267,7 +290,7 @@ struct Session::Impl::Binder {
   detail::BoundCall& call;
   const at::Tensor* first = nullptr; // the tensor that fixed the device
   std::string first_name;
-  std::vector<std::pair<std::string, std::int64_t>> batch_sizes;
+  c10::SmallVector<std::pair<const std::string*, std::int64_t>, 8> batch_sizes;
 
   // Checks one tensor against `(B, *trailing)` / `(*trailing)`; returns whether batched.
   bool check(const std::string& what, const std::string& name, at::Tensor& t,
@@ -311,7 +334,7 @@ struct Session::Impl::Binder {
                                    "(flatten several with reshape) or none",
                                    what, name, shape_text(sizes), expected()));
     if (batched && t.size(0) != 1)
-      batch_sizes.emplace_back(name, t.size(0));
+      batch_sizes.emplace_back(&name, t.size(0));
     return batched;
   }
 
@@ -332,7 +355,7 @@ struct Session::Impl::Binder {
       if (size != call.batch) {
         std::vector<std::string> all;
         for (const auto& [n, s] : batch_sizes)
-          all.push_back(fmt::format("'{}' has {}", n, s));
+          all.push_back(fmt::format("'{}' has {}", *n, s));
         throw FatalError(fmt::format("batch sizes do not agree ({}); give every batched tensor "
                                      "the same leading size, or 1 to broadcast",
                                      fmt::join(all, ", ")));
@@ -481,12 +504,12 @@ std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) con
   const auto& m = *_impl;
   switch (op) {
   case Operation::forward: {
-    auto results = m.call(m.value_graph, m.graph_args(chunk));
+    auto results = m.run_graph(m.value_graph, chunk);
     m.put_outputs_in_master_order(results);
     return results;
   }
   case Operation::jacobian: {
-    auto results = m.call(m.jvp_graph, m.graph_args(chunk));
+    auto results = m.run_graph(m.jvp_graph, chunk);
     m.put_outputs_in_master_order(results);
     const auto n_out = m.output_names.size();
     for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
@@ -495,7 +518,7 @@ std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) con
     return results;
   }
   case Operation::jvp: {
-    auto blocks = m.call(m.jvp_graph, m.graph_args(chunk));
+    auto blocks = m.run_graph(m.jvp_graph, chunk);
     m.put_outputs_in_master_order(blocks);
     const auto n_out = m.output_names.size();
     std::vector<at::Tensor> results(2 * n_out);
@@ -525,9 +548,9 @@ std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) con
     return results;
   }
   case Operation::param_jacobian: {
-    auto results = m.call(m.value_graph, m.graph_args(chunk));
+    auto results = m.run_graph(m.value_graph, chunk);
     m.put_outputs_in_master_order(results);
-    auto blocks = m.call(m.param_jacobian_graph, m.graph_args(chunk));
+    auto blocks = m.run_graph(m.param_jacobian_graph, chunk);
     results.insert(results.end(), std::make_move_iterator(blocks.begin()),
                    std::make_move_iterator(blocks.end()));
     return results;

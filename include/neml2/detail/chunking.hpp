@@ -19,11 +19,14 @@ inline at::Tensor take_rows(const at::Tensor& t, bool batched, std::int64_t firs
                             std::int64_t rows, c10::Device device) {
   if (!t.defined())
     return t;
+  const auto on_device = [&](const at::Tensor& x) {
+    return x.device() == device ? x : x.to(device); // to() costs a dispatch even when a no-op
+  };
   if (batched)
-    return (t.size(0) == rows ? t : t.narrow(0, first, rows)).to(device).contiguous();
+    return on_device(t.size(0) == rows ? t : t.narrow(0, first, rows)).contiguous();
   auto sizes = t.sizes().vec();
   sizes.insert(sizes.begin(), rows);
-  return t.to(device).expand(sizes).contiguous();
+  return on_device(t).expand(sizes).contiguous();
 }
 
 inline void take_rows(const std::vector<at::Tensor>& from, const std::vector<bool>& batched,
