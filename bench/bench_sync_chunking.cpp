@@ -2,19 +2,21 @@
 // compiled graph (linear elasticity, float64, cpu). tools/bench_ratios.py turns the
 // output into the ratios docs/performance.md reports.
 
+#include <filesystem>
+
 #include <benchmark/benchmark.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <neml2/dispatch.hpp>
-
-#include <filesystem>
 
 namespace {
 
 const std::filesystem::path root =
     std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "elasticity_forward" / "elasticity";
 
-at::Tensor strain(std::int64_t batch) { return 1e-3 * at::rand({batch, 6}, at::kDouble); }
+at::Tensor strain(std::int64_t batch) {
+  return 1e-3 * at::rand({batch, 6}, at::kDouble);
+}
 
 // The baseline: the compiled graph called directly, no names, no checks.
 void loader_run(benchmark::State& state) {
@@ -27,8 +29,8 @@ void loader_run(benchmark::State& state) {
 
 // DispatchedModel<SyncChunking>: the whole batch (range 1 = 0) or chunks of range(1) rows.
 void dispatched(benchmark::State& state) {
-  const auto model = neml2::load_model(root, "elasticity",
-                                       neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)});
+  const auto model = neml2::load_model(
+      root, "elasticity", neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)});
   const neml2::TensorMap inputs = {{"strain", strain(state.range(0))}};
   for (auto _ : state)
     benchmark::DoNotOptimize(model.forward(inputs));

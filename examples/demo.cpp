@@ -3,13 +3,13 @@
 //
 //   demo <artifacts-folder>     (the build's artifacts/ folder; scripts/demo.sh passes it)
 
-#include <neml2/dispatch.hpp>
-
-#include "reference_file.hpp"
-
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+
+#include <neml2/dispatch.hpp>
+
+#include "reference_file.hpp"
 
 int main(int argc, char** argv) try {
   if (argc != 2) {
@@ -42,8 +42,7 @@ int main(int argc, char** argv) try {
                                  : "SyncChunking{cpu, " + std::to_string(rows) + "}";
     std::printf("%-36s %14.3e %12.2f\n", label.c_str(), batch / seconds, 1e3 * seconds);
 
-    const auto error =
-        ((stress - expected).abs().max() / expected.abs().max()).item<double>();
+    const auto error = ((stress - expected).abs().max() / expected.abs().max()).item<double>();
     if (!(error <= 1e-12)) {
       std::printf("\nFAILED: relative difference from eager NEML2 is %.3e\n", error);
       return 1;

@@ -4,9 +4,9 @@
 //   neml2-compile elasticity.i --model elasticity -d :      (writes aoti/elasticity_aoti.i)
 //   quickstart aoti/elasticity_aoti.i
 
-#include <neml2/dispatch.hpp>
-
 #include <iostream>
+
+#include <neml2/dispatch.hpp>
 
 int main(int argc, char** argv) {
   const std::string stub = argc > 1 ? argv[1] : "aoti/elasticity_aoti.i";

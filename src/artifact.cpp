@@ -1,15 +1,15 @@
 // Reading what neml2-compile writes: the HIT stub (the subset a stub uses) and
 // metadata.json. Every malformed case is a FatalError naming the file and the fix.
 
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <neml2/artifact.hpp>
-
-#include <algorithm>
-#include <fstream>
-#include <sstream>
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -92,15 +92,14 @@ HitBlock parse_hit(const fs::path& file) {
     }
     const auto eq = line.find('=');
     if (eq == std::string::npos || eq == 0)
-      throw FatalError(fmt::format("{}: cannot parse '{}': expected [section], [] or key = value",
-                                   where, line));
+      throw FatalError(
+          fmt::format("{}: cannot parse '{}': expected [section], [] or key = value", where, line));
     const auto key = trim(std::string_view(line).substr(0, eq));
     auto value = trim(std::string_view(line).substr(eq + 1));
     if (!value.empty() && (value.front() == '\'' || value.front() == '"')) {
       if (value.size() < 2 || value.back() != value.front())
-        throw FatalError(
-            fmt::format("{}: unterminated quoted value for '{}': close it with {}", where, key,
-                        value.front()));
+        throw FatalError(fmt::format("{}: unterminated quoted value for '{}': close it with {}",
+                                     where, key, value.front()));
       value = value.substr(1, value.size() - 2);
     }
     open.back()->fields[key] = {value, line_no};
@@ -185,8 +184,7 @@ std::vector<VariableSpec> read_variables(const json& meta, const char* kind, con
   return vars;
 }
 
-std::vector<std::string> names_of(const json& list, const std::string& field,
-                                  const JsonReader& r) {
+std::vector<std::string> names_of(const json& list, const std::string& field, const JsonReader& r) {
   std::vector<std::string> names;
   for (std::size_t i = 0; i < list.size(); ++i)
     names.push_back(r.get<std::string>(list[i], "name", fmt::format("{}[{}]", field, i)));
@@ -204,12 +202,11 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
     const auto& pairs = r.array(s, "jacobian_pairs", field);
     for (std::size_t i = 0; i < pairs.size(); ++i) {
       const auto f = fmt::format("{}.jacobian_pairs[{}]", field, i);
-      seg.jacobian_pairs.push_back({r.get<std::string>(pairs[i], "out_var", f),
-                                    r.get<std::string>(pairs[i], "in_var", f),
-                                    r.get<Shape>(pairs[i], "out_base_shape", f),
-                                    r.get<Shape>(pairs[i], "in_base_shape", f),
-                                    r.get_or<Shape>(pairs[i], "in_sub_batch_shape", f, {}),
-                                    r.get_or<bool>(pairs[i], "batch_independent", f, false)});
+      seg.jacobian_pairs.push_back(
+          {r.get<std::string>(pairs[i], "out_var", f), r.get<std::string>(pairs[i], "in_var", f),
+           r.get<Shape>(pairs[i], "out_base_shape", f), r.get<Shape>(pairs[i], "in_base_shape", f),
+           r.get_or<Shape>(pairs[i], "in_sub_batch_shape", f, {}),
+           r.get_or<bool>(pairs[i], "batch_independent", f, false)});
     }
   }
   seg.param_jacobian_package = r.get_or<std::string>(s, "param_jacobian_package", field, "");
@@ -260,8 +257,8 @@ std::string dtype_folder(c10::ScalarType dtype) {
 
 c10::ScalarType dtype_from_name(const std::string& name) {
   static const std::map<std::string, c10::ScalarType> known = {
-      {"float64", c10::kDouble}, {"float32", c10::kFloat}, {"float16", c10::kHalf},
-      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong}, {"int32", c10::kInt},
+      {"float64", c10::kDouble},    {"float32", c10::kFloat}, {"float16", c10::kHalf},
+      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},    {"int32", c10::kInt},
       {"bool", c10::kBool}};
   const auto it = known.find(name.starts_with("torch.") ? name.substr(6) : name);
   if (it == known.end())
@@ -284,11 +281,11 @@ fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
 Artifact read_artifact(const fs::path& root) {
   const auto file = root / "metadata.json";
   if (!fs::is_regular_file(file))
-    throw FatalError(fmt::format(
-        "'{}' is not an artifact root: it has no metadata.json. Pass the folder "
-        "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
-        "<device>/<dtype>/), or the <name>_aoti.i stub beside it",
-        root.string()));
+    throw FatalError(
+        fmt::format("'{}' is not an artifact root: it has no metadata.json. Pass the folder "
+                    "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
+                    "<device>/<dtype>/), or the <name>_aoti.i stub beside it",
+                    root.string()));
   std::ifstream in(file);
   json meta;
   try {
@@ -362,10 +359,10 @@ fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model)
     std::vector<std::string> names;
     for (const auto& c : models->children)
       names.push_back(c.name);
-    throw FatalError(fmt::format("{}: no model '{}' under [Models] (models there: {}); pass one "
-                                 "of those names",
-                                 stub.string(), model,
-                                 names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
+    throw FatalError(fmt::format(
+        "{}: no model '{}' under [Models] (models there: {}); pass one "
+        "of those names",
+        stub.string(), model, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
   }
   const auto where = fmt::format("{}:{}: [Models]/[{}]", stub.string(), block->line, model);
   const auto type = block->fields.find("type");

@@ -1,21 +1,20 @@
 // One device's compiled graphs: loading them, checking calls, and calling them.
 
+#include <mutex>
+#include <regex>
+#include <set>
+
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
-#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/library.h>
 #include <caffe2/serialize/inline_container.h>
-
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/library.h>
 
 #include <neml2/detail/chunking.hpp>
 #include <neml2/session.hpp>
-
-#include <mutex>
-#include <set>
-#include <regex>
 
 namespace fs = std::filesystem;
 
@@ -24,7 +23,9 @@ namespace {
 
 using Loader = torch::inductor::AOTIModelPackageLoader;
 
-std::string shape_text(c10::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
+std::string shape_text(c10::IntArrayRef shape) {
+  return fmt::format("[{}]", fmt::join(shape, ", "));
+}
 
 Shape concat(std::initializer_list<const Shape*> parts) {
   Shape s;
@@ -48,10 +49,9 @@ void register_custom_operators() {
       return;
     static torch::Library library(torch::Library::FRAGMENT, "neml2", std::nullopt, __FILE__,
                                   __LINE__);
-    library.def("opaque_pow(Tensor base, Tensor exponent) -> Tensor",
-                [](const at::Tensor& base, const at::Tensor& exponent) {
-                  return at::pow(base, exponent);
-                });
+    library.def(
+        "opaque_pow(Tensor base, Tensor exponent) -> Tensor",
+        [](const at::Tensor& base, const at::Tensor& exponent) { return at::pow(base, exponent); });
   });
 }
 
@@ -145,7 +145,7 @@ struct Session::Impl {
   // How results gather, per operation (param_vjp's depend on the call).
   std::vector<detail::ResultSlot> forward_slots, jvp_slots, jacobian_slots, param_jacobian_slots;
 
-  bool outputs_in_master_order = true; // the value graph returns outputs in master order
+  bool outputs_in_master_order = true;  // the value graph returns outputs in master order
   bool graph_takes_inputs_as_is = true; // no reordering, no parameters
 
   // Runs a graph that takes the structural inputs then the parameters.
@@ -166,8 +166,8 @@ struct Session::Impl {
 
   std::vector<at::Tensor> call(const std::unique_ptr<Loader>& graph,
                                const std::vector<at::Tensor>& args) const {
-    return detail::translate_foreign_errors(
-        "running a compiled graph", [&] { return graph->run(args); });
+    return detail::translate_foreign_errors("running a compiled graph",
+                                            [&] { return graph->run(args); });
   }
 
   // Value-graph outputs in master order, then the rest of what the graph returned.
@@ -197,7 +197,8 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   m.artifact = std::move(artifact);
   m.dtype = dtype;
   m.leaf = m.artifact->leaf(device, dtype);
-  m.torch_device = detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
+  m.torch_device =
+      detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
   m.device = Device(m.torch_device);
   const auto& a = *m.artifact;
   m.segment = &a.segments.front();
@@ -293,22 +294,22 @@ struct Session::Impl::Binder {
   c10::SmallVector<std::pair<const std::string*, std::int64_t>, 8> batch_sizes;
 
   // Checks one tensor against `(B, *trailing)` / `(*trailing)`; returns whether batched.
-  bool check(const std::string& what, const std::string& name, at::Tensor& t,
-             const Shape& trailing, c10::ScalarType dtype, bool on_input_device) {
+  bool check(const std::string& what, const std::string& name, at::Tensor& t, const Shape& trailing,
+             c10::ScalarType dtype, bool on_input_device) {
     const auto expected = [&] {
       return fmt::format("(B, {0}) or ({0})", fmt::join(trailing, ", "));
     };
     if (!t.defined())
-      throw FatalError(fmt::format("{} '{}' is an undefined tensor; expected shape {}", what,
-                                   name, expected()));
+      throw FatalError(
+          fmt::format("{} '{}' is an undefined tensor; expected shape {}", what, name, expected()));
     if (t.scalar_type() != dtype)
-      throw FatalError(fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
-                                   "convert it with .to({}), or load an artifact compiled with "
-                                   "--dtype {}",
-                                   what, name, c10::toString(t.scalar_type()), m.leaf.string(),
-                                   c10::toString(dtype), c10::toString(dtype),
-                                   dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat
-                                                                                : c10::kDouble)));
+      throw FatalError(
+          fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
+                      "convert it with .to({}), or load an artifact compiled with "
+                      "--dtype {}",
+                      what, name, c10::toString(t.scalar_type()), m.leaf.string(),
+                      c10::toString(dtype), c10::toString(dtype),
+                      dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat : c10::kDouble)));
     if (on_input_device) {
       if (required_device && t.device() != *required_device)
         throw FatalError(fmt::format("{} '{}' is on {}, but this session runs on {}: move it "
@@ -322,8 +323,7 @@ struct Session::Impl::Binder {
       } else if (t.device() != call.device)
         throw FatalError(fmt::format("{} '{}' is on {} but {} is on {}: all inputs of a call "
                                      "must be on one device",
-                                     what, name, t.device().str(), first_name,
-                                     call.device.str()));
+                                     what, name, t.device().str(), first_name, call.device.str()));
     }
     const auto sizes = t.sizes();
     const auto rank = static_cast<std::int64_t>(trailing.size());
@@ -363,8 +363,7 @@ struct Session::Impl::Binder {
     const auto any = [](const std::vector<bool>& v) {
       return std::find(v.begin(), v.end(), true) != v.end();
     };
-    call.batched = any(call.inputs_batched) || any(call.params_batched) ||
-                   any(call.extras_batched);
+    call.batched = any(call.inputs_batched) || any(call.params_batched) || any(call.extras_batched);
     for (std::size_t i = 0; i < call.inputs.size(); ++i)
       squeeze_unit_batch(call.inputs[i], call.inputs_batched[i], call.batch);
     for (std::size_t i = 0; i < call.params.size(); ++i)
@@ -425,9 +424,8 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
                                    fmt::join(m.input_trailing_shapes[i], ", "),
                                    names_text(m.input_names)));
     call.inputs[i] = it->second;
-    call.inputs_batched[i] =
-        b.check("input", m.input_names[i], call.inputs[i], m.input_trailing_shapes[i], m.dtype,
-                true);
+    call.inputs_batched[i] = b.check("input", m.input_names[i], call.inputs[i],
+                                     m.input_trailing_shapes[i], m.dtype, true);
   }
 
   const auto& specs = m.artifact->parameters;
@@ -632,7 +630,7 @@ std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs
     if (call.batch == 0)
       return detail::Gatherer(call, _impl->dtype).finish();
     detail::ChunkArgs chunk;
-    detail::take_rows(call, 0, call.batch, _impl->torch_device, chunk);
+    detail::take_all(call, _impl->torch_device, chunk);
     return detail::finish_whole(call, run(op, chunk));
   });
 }
@@ -658,8 +656,12 @@ TensorMap Session::param_vjp(const TensorMap& inputs, const TensorMap& cotangent
   return param_vjp_result(run_whole(Operation::param_vjp, inputs, cotangents));
 }
 
-TensorMap& Session::named_parameters() noexcept { return _impl->parameters; }
-const TensorMap& Session::named_parameters() const noexcept { return _impl->parameters; }
+TensorMap& Session::named_parameters() noexcept {
+  return _impl->parameters;
+}
+const TensorMap& Session::named_parameters() const noexcept {
+  return _impl->parameters;
+}
 
 void Session::set_parameter(const std::string& name, const at::Tensor& value) {
   auto& m = *_impl;
@@ -686,7 +688,9 @@ void Session::set_parameter(const std::string& name, const at::Tensor& value) {
   });
 }
 
-const Artifact& Session::artifact() const noexcept { return *_impl->artifact; }
+const Artifact& Session::artifact() const noexcept {
+  return *_impl->artifact;
+}
 const std::vector<std::string>& Session::input_names() const noexcept {
   return _impl->input_names;
 }
@@ -702,7 +706,11 @@ const std::vector<Shape>& Session::output_base_shapes() const noexcept {
 const std::map<std::string, Shape>& Session::parameter_base_shapes() const noexcept {
   return _impl->parameter_base_shapes;
 }
-const Device& Session::device() const noexcept { return _impl->device; }
-c10::ScalarType Session::dtype() const noexcept { return _impl->dtype; }
+const Device& Session::device() const noexcept {
+  return _impl->device;
+}
+c10::ScalarType Session::dtype() const noexcept {
+  return _impl->dtype;
+}
 
 } // namespace neml2

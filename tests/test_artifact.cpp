@@ -1,12 +1,13 @@
 // Reading what neml2-compile writes, and an error naming the file and the fix for each
 // malformed case.
 
-#include "reference.hpp"
-
 #include <atomic>
 #include <fstream>
 
+#include "reference.hpp"
+
 using namespace neml2;
+using test::contains;
 namespace fs = std::filesystem;
 
 namespace {
@@ -40,10 +41,6 @@ struct Scratch {
 std::string read(const fs::path& file) {
   std::ifstream in(file);
   return {std::istreambuf_iterator<char>(in), {}};
-}
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
 }
 
 } // namespace
@@ -100,7 +97,8 @@ TEST_CASE("renamed boundaries, no stub: public names follow the aliases") {
   const auto message = test::fatal_message([&] { return a.leaf("cpu", at::kFloat); });
   CHECK(contains(message, "no graphs for device cpu and dtype float32"));
   CHECK(contains(message, "it has: cpu/float64"));
-  CHECK(contains(message, "neml2-compile <input.i> --model elasticity --device cpu --dtype float32"));
+  CHECK(
+      contains(message, "neml2-compile <input.i> --model elasticity --device cpu --dtype float32"));
 }
 
 TEST_CASE("--dtype float32: the leaf is cpu/float32") {
@@ -142,13 +140,15 @@ TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case"
   }
   SUBCASE("not a compiled-model block") {
     const auto input = fs::path(NEML2_DISPATCH_TEST_SOURCES) / ".." / "models" / "elasticity.i";
-    const auto message = test::fatal_message([&] { return artifact_root_from_stub(input, "elasticity"); });
+    const auto message =
+        test::fatal_message([&] { return artifact_root_from_stub(input, "elasticity"); });
     CHECK(contains(message, "elasticity.i:"));
     CHECK(contains(message, "type = LinearIsotropicElasticity, expected AOTIModel"));
     CHECK(contains(message, "neml2-compile"));
   }
   SUBCASE("no [Models]") {
-    const auto message = test::fatal_message([&] { return artifact_root_from_stub(stub_for("[A]\n[]\n"), "m"); });
+    const auto message =
+        test::fatal_message([&] { return artifact_root_from_stub(stub_for("[A]\n[]\n"), "m"); });
     CHECK(contains(message, "no [Models] block"));
   }
   SUBCASE("no artifact_path") {
@@ -159,7 +159,8 @@ TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case"
   }
   SUBCASE("malformed HIT") {
     CHECK(contains(test::fatal_message([&] {
-                     return artifact_root_from_stub(stub_for("[Models]\n  [m]\n    type = AOTIModel\n[]\n"), "m");
+                     return artifact_root_from_stub(
+                         stub_for("[Models]\n  [m]\n    type = AOTIModel\n[]\n"), "m");
                    }),
                    "stub.i:1: section [Models] is never closed"));
     CHECK(contains(test::fatal_message([&] {
@@ -171,13 +172,15 @@ TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case"
                    }),
                    "stub.i:3: '[]' closes a section that was never opened"));
     CHECK(contains(test::fatal_message([&] {
-                     return artifact_root_from_stub(stub_for("[Models]\n[m]\nartifact_path = 'x\n[]\n[]\n"), "m");
+                     return artifact_root_from_stub(
+                         stub_for("[Models]\n[m]\nartifact_path = 'x\n[]\n[]\n"), "m");
                    }),
                    "stub.i:3: unterminated quoted value for 'artifact_path'"));
   }
   SUBCASE("a path that does not exist") {
-    CHECK(contains(test::fatal_message([&] { return resolve_artifact_root(s.dir / "nope.i", "m"); }),
-                   "nope.i' does not exist"));
+    CHECK(
+        contains(test::fatal_message([&] { return resolve_artifact_root(s.dir / "nope.i", "m"); }),
+                 "nope.i' does not exist"));
   }
 }
 
@@ -236,6 +239,7 @@ TEST_CASE("metadata.json: every malformed case names the file and the fix") {
 TEST_CASE("dtype folder names") {
   CHECK(dtype_folder(at::kDouble) == "float64");
   CHECK(dtype_folder(at::kFloat) == "float32");
-  CHECK(contains(test::fatal_message([] { return dtype_folder(at::kHalf); }), "float64 or float32"));
+  CHECK(
+      contains(test::fatal_message([] { return dtype_folder(at::kHalf); }), "float64 or float32"));
   CHECK((dtype_from_name("torch.int64") == at::kLong));
 }

@@ -28,8 +28,9 @@ TEST_CASE("devices convert to and from torch's") {
   CHECK(Device("mps").torch().type() == c10::DeviceType::MPS);
   CHECK(Device(c10::Device("xpu:2")) == Device("xpu:2"));
   CHECK(Device(c10::Device(c10::DeviceType::HIP, 0)).str() == "hip:0");
-  CHECK(test::fatal_message([] { return Device(c10::Device(c10::DeviceType::Meta)); })
-            .find("no known family") != std::string::npos);
+  CHECK(test::fatal_message([] {
+          return Device(c10::Device(c10::DeviceType::Meta));
+        }).find("no known family") != std::string::npos);
 }
 
 TEST_CASE("an unknown family is an error that lists the known ones") {

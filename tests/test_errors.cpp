@@ -1,11 +1,11 @@
 // The error family: recoverability, aggregation, and foreign errors made FatalError.
 
+#include <string>
+
 #include <c10/util/Exception.h>
 #include <doctest/doctest.h>
 
 #include <neml2/errors.hpp>
-
-#include <string>
 
 using namespace neml2;
 
@@ -54,8 +54,8 @@ TEST_CASE("foreign exceptions become FatalError with their message kept") {
   CHECK(message_of([] { throw 42; }).find("unknown") != std::string::npos);
 
   // Our own errors pass through with their dynamic type.
-  CHECK_THROWS_AS(detail::translate_foreign_errors(
-                      "x", []() -> int { throw ConvergenceError("diverged"); }),
-                  ConvergenceError);
+  CHECK_THROWS_AS(
+      detail::translate_foreign_errors("x", []() -> int { throw ConvergenceError("diverged"); }),
+      ConvergenceError);
   CHECK(detail::translate_foreign_errors("x", [] { return 7; }) == 7);
 }

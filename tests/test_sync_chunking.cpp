@@ -3,6 +3,7 @@
 #include "model_checks.hpp"
 
 using namespace neml2;
+using test::contains;
 
 namespace {
 
@@ -12,18 +13,14 @@ DispatchedModel<Policy> load(const std::string& artifact, const std::string& mod
   return load_model(test::stub(artifact, model), model, policy);
 }
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 } // namespace
 
 TEST_CASE("every chunk size gives the eager numbers: 1, 3, the batch and 0") {
   for (std::int64_t rows : {1, 3, 7, 33, 0}) {
     CAPTURE(rows);
     const SyncChunking policy{.device = "cpu", .batch_size = rows};
-    test::check_all_batches(load("elasticity", "elasticity", policy),
-                            test::Reference("elasticity"), true, false);
+    test::check_all_batches(load("elasticity", "elasticity", policy), test::Reference("elasticity"),
+                            true, false);
     const auto rates = load("rates", "eq", policy);
     const test::Reference rates_ref("rates");
     test::check_all_batches(rates, rates_ref, true, false);
@@ -39,15 +36,7 @@ TEST_CASE("every chunk size gives the eager numbers: 1, 3, the batch and 0") {
 TEST_CASE("batched parameters are cut with the batch; param_vjp sums or keeps rows") {
   const test::Reference ref("elasticity_params");
   auto m = load("elasticity_params", "elasticity", SyncChunking{.batch_size = 3});
-  for (const auto& [name, value] : ref.group("pbatch/param"))
-    m.set_parameter(name, value);
-  test::check_forward(m, ref, "pbatch");
-  test::check_param_jacobian(m, ref, "pbatch");
-  const auto grads = m.param_vjp(ref.group("pbatch/in"), ref.group("pbatch/cot"));
-  test::check_close(grads.at("elasticity.E"), ref["pbatch/pvjp_rows/elasticity.E"],
-                    "per-row dL/dE");
-  test::check_close(grads.at("elasticity.nu"), ref["pbatch/pvjp/elasticity.nu"],
-                    "dL/dnu summed over chunks");
+  test::check_batched_parameter(m, ref);
 }
 
 TEST_CASE("load_model: stub or artifact root, default whole batch on cpu") {
@@ -78,12 +67,16 @@ TEST_CASE("results come back on the input device, shaped like the inputs") {
 }
 
 TEST_CASE("a policy's bad fields are errors that name the field") {
-  CHECK(contains(test::fatal_message([] { return load("elasticity", "elasticity", SyncChunking{.batch_size = -2}); }),
+  CHECK(contains(test::fatal_message([] {
+                   return load("elasticity", "elasticity", SyncChunking{.batch_size = -2});
+                 }),
                  "SyncChunking.batch_size is -2; it must be >= 0"));
   CHECK(contains(test::fatal_message([] { return SyncChunking{.device = "gpu"}; }),
                  "unknown device family 'gpu'"));
   // No CUDA graphs in a cpu-only artifact: say how to make them.
-  CHECK(contains(test::fatal_message([] { return load("elasticity", "elasticity", SyncChunking{.device = "cuda:0"}); }),
+  CHECK(contains(test::fatal_message([] {
+                   return load("elasticity", "elasticity", SyncChunking{.device = "cuda:0"});
+                 }),
                  "--device cuda"));
 }
 

@@ -5,16 +5,16 @@
 /// root's metadata.json, and the `<device>/<dtype>/` folders of compiled graphs.
 /// @see docs/artifact-contract.md
 
-#include <c10/core/ScalarType.h>
-
-#include <neml2/device.hpp>
-
 #include <cstdint>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include <c10/core/ScalarType.h>
+
+#include <neml2/device.hpp>
 
 namespace neml2 {
 

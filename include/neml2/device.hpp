@@ -4,15 +4,15 @@
 /// @brief Device families (cpu, cuda, xpu, hip, mps), their indexed forms (cuda:1), and
 /// the lowercase folder names under an artifact root.
 
-#include <c10/core/Device.h>
-
-#include <neml2/errors.hpp>
-
 #include <array>
 #include <charconv>
 #include <cstdint>
 #include <string>
 #include <string_view>
+
+#include <c10/core/Device.h>
+
+#include <neml2/errors.hpp>
 
 namespace neml2 {
 
@@ -20,8 +20,7 @@ namespace neml2 {
 enum class DeviceFamily : std::uint8_t { cpu, cuda, xpu, hip, mps };
 
 inline constexpr std::array<DeviceFamily, 5> known_device_families = {
-    DeviceFamily::cpu, DeviceFamily::cuda, DeviceFamily::xpu, DeviceFamily::hip,
-    DeviceFamily::mps};
+    DeviceFamily::cpu, DeviceFamily::cuda, DeviceFamily::xpu, DeviceFamily::hip, DeviceFamily::mps};
 
 /// The family's name: what `--device` takes and the artifact's folder name.
 constexpr std::string_view name(DeviceFamily family) noexcept {
@@ -30,7 +29,9 @@ constexpr std::string_view name(DeviceFamily family) noexcept {
 }
 
 /// Everything but the host CPU.
-constexpr bool is_accelerator(DeviceFamily family) noexcept { return family != DeviceFamily::cpu; }
+constexpr bool is_accelerator(DeviceFamily family) noexcept {
+  return family != DeviceFamily::cpu;
+}
 
 /// @brief A device: a family and an optional index (`cuda` is the current CUDA device,
 /// `cuda:1` a pinned one). Built from a string such as "cuda:1" or from an at::Device.
@@ -120,8 +121,8 @@ inline Device::Device(const c10::Device& device)
     _family = DeviceFamily::mps;
     break;
   default:
-    throw FatalError("device '" + device.str() + "' is of no known family; known families: " +
-                     known_device_families_text());
+    throw FatalError("device '" + device.str() +
+                     "' is of no known family; known families: " + known_device_families_text());
   }
 }
 

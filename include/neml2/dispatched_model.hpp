@@ -4,18 +4,18 @@
 /// @brief DispatchedModel<Policy>: a compiled model whose batched calls are cut into
 /// chunks and run where the policy says, with results gathered on the input device.
 
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <utility>
+
 #include <neml2/artifact.hpp>
 #include <neml2/detail/chunking.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/policies/sync_chunking.hpp>
 #include <neml2/policy.hpp>
 #include <neml2/session.hpp>
-
-#include <algorithm>
-#include <filesystem>
-#include <memory>
-#include <string>
-#include <utility>
 
 namespace neml2 {
 
@@ -113,7 +113,7 @@ private:
 
       detail::ChunkArgs chunk;
       if (batch > 0 && rows == batch && call.device == _compute_device) {
-        detail::take_rows(call, 0, batch, _compute_device, chunk);
+        detail::take_all(call, _compute_device, chunk);
         return detail::finish_whole(call, _session.run(op, chunk));
       }
       detail::Gatherer results(call, _session.dtype());

@@ -18,12 +18,12 @@
 /// `compute_device()` and `chunk_rows(batch)` (0 = the whole batch in one call).
 /// An optional `validate() const` is called when a model is loaded with the policy.
 
-#include <neml2/device.hpp>
-
 #include <concepts>
 #include <cstdint>
 #include <ranges>
 #include <type_traits>
+
+#include <neml2/device.hpp>
 
 namespace neml2 {
 
@@ -33,10 +33,11 @@ struct asynchronous {};
 
 namespace detail {
 template <class P>
-concept declares_dispatch_mode =
-    requires { typename P::dispatch_mode; } &&
-    (std::same_as<typename P::dispatch_mode, synchronous> ||
-     std::same_as<typename P::dispatch_mode, asynchronous>);
+concept declares_dispatch_mode = requires {
+  typename P::dispatch_mode;
+}
+&&(std::same_as<typename P::dispatch_mode, synchronous> ||
+   std::same_as<typename P::dispatch_mode, asynchronous>);
 
 template <class P>
 concept lists_devices = requires(const P& p) {

@@ -4,17 +4,17 @@
 /// @brief One device's compiled graphs of one artifact: the thin layer that calls them.
 /// No AOTI header is visible here; the loaders live in src/session.cpp.
 
-#include <ATen/Tensor.h>
-
-#include <neml2/artifact.hpp>
-#include <neml2/detail/call.hpp>
-
 #include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <ATen/Tensor.h>
+
+#include <neml2/artifact.hpp>
+#include <neml2/detail/call.hpp>
 
 namespace neml2 {
 

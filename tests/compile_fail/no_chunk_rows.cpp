@@ -7,4 +7,6 @@ struct NoChunkRows {
   neml2::Device compute_device() const { return "cpu"; }
 };
 
-int main() { return sizeof(neml2::DispatchedModel<NoChunkRows>) > 0 ? 0 : 1; }
+int main() {
+  return sizeof(neml2::DispatchedModel<NoChunkRows>) > 0 ? 0 : 1;
+}

@@ -7,4 +7,6 @@ struct NoComputeDevice {
   std::int64_t chunk_rows(std::int64_t) const { return 0; }
 };
 
-int main() { return sizeof(neml2::DispatchedModel<NoComputeDevice>) > 0 ? 0 : 1; }
+int main() {
+  return sizeof(neml2::DispatchedModel<NoComputeDevice>) > 0 ? 0 : 1;
+}

@@ -23,8 +23,7 @@ void check_jacobian(const Model& m, const Reference& ref, const std::string& c) 
       const auto& expected = ref[c + "/jac/" + o + "/" + i];
       const auto& actual = J.at(o).at(i);
       // A batch-independent block comes back unbatched; the eager one is per row.
-      check_close(actual, expected, c + " d" + o + "/d" + i, 1e-10,
-                  actual.dim() < expected.dim());
+      check_close(actual, expected, c + " d" + o + "/d" + i, 1e-10, actual.dim() < expected.dim());
       ++blocks;
     }
   CHECK(blocks > 0);
@@ -50,6 +49,19 @@ template <class Model>
 void check_param_vjp(const Model& m, const Reference& ref, const std::string& c) {
   check_close(m.param_vjp(ref.group(c + "/in"), ref.group(c + "/cot")), ref.group(c + "/pvjp"),
               c + " param_vjp");
+}
+
+/// The first parameter batched (one value per row): forward, the parameter Jacobian, and
+/// param_vjp per row for it, summed for the unbatched rest.
+template <class Model>
+void check_batched_parameter(Model& m, const Reference& ref) {
+  for (const auto& [name, value] : ref.group("pbatch/param"))
+    m.set_parameter(name, value);
+  check_forward(m, ref, "pbatch");
+  check_param_jacobian(m, ref, "pbatch");
+  const auto grads = m.param_vjp(ref.group("pbatch/in"), ref.group("pbatch/cot"));
+  check_close(grads.at("elasticity.E"), ref["pbatch/pvjp_rows/elasticity.E"], "per-row dL/dE");
+  check_close(grads.at("elasticity.nu"), ref["pbatch/pvjp/elasticity.nu"], "summed dL/dnu");
 }
 
 /// Every operation the artifact has graphs for, at batches 1, 2, 7 and 33.

@@ -3,6 +3,10 @@
 // Test support: the compiled artifacts and eager-NEML2 reference values made at build time
 // (cmake/ModelArtifacts.cmake), and comparisons with a relative tolerance.
 
+#include <filesystem>
+#include <map>
+#include <string>
+
 #include <ATen/ATen.h>
 #include <doctest/doctest.h>
 
@@ -10,16 +14,14 @@
 
 #include "reference_file.hpp"
 
-#include <filesystem>
-#include <map>
-#include <string>
-
 namespace test {
 
 namespace fs = std::filesystem;
 
 /// ${build}/artifacts: <name>/ (what neml2-compile wrote) and <name>.ref/ (references).
-inline fs::path artifacts() { return NEML2_DISPATCH_TEST_ARTIFACTS; }
+inline fs::path artifacts() {
+  return NEML2_DISPATCH_TEST_ARTIFACTS;
+}
 
 /// The stub of artifact `name`, compiled from a model named `model`.
 inline fs::path stub(const std::string& name, const std::string& model) {
@@ -76,6 +78,10 @@ inline void check_close(const neml2::TensorMap& actual, const neml2::TensorMap& 
     REQUIRE_MESSAGE(actual.count(name), what << ": no '" << name << "' in the result");
     check_close(actual.at(name), t, what + " '" + name + "'", rtol);
   }
+}
+
+inline bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
 }
 
 /// The message of the neml2::FatalError that f throws (fails the test if none).

@@ -3,9 +3,6 @@
 // Reads the reference values tools/make_reference.py writes: reference.json (name ->
 // offset, shape, dtype) over the raw float64 values in reference.bin.
 
-#include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
-
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +10,9 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
 namespace test {
 

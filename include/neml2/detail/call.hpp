@@ -4,12 +4,12 @@
 /// @brief A call in positional form, and how each result gathers across chunks. Shared by
 /// the session (which produces and consumes them) and the dispatchers (which chunk them).
 
+#include <cstdint>
+#include <vector>
+
 #include <ATen/Tensor.h>
 
 #include <neml2/artifact.hpp>
-
-#include <cstdint>
-#include <vector>
 
 namespace neml2 {
 
@@ -44,7 +44,7 @@ struct ResultSlot {
 /// stands for zero. No tensor has been copied or moved.
 struct BoundCall {
   std::int64_t batch = 1;
-  bool batched = false; ///< false when nothing carried a batch axis: results drop it
+  bool batched = false;           ///< false when nothing carried a batch axis: results drop it
   c10::Device device = c10::kCPU; ///< where the inputs live, and the results go
   std::vector<at::Tensor> inputs, params, extras;
   std::vector<bool> inputs_batched, params_batched, extras_batched;

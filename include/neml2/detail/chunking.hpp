@@ -4,12 +4,12 @@
 /// @brief Cutting a bound call into row chunks on a compute device, and gathering the
 /// chunk results into preallocated outputs on the input device.
 
+#include <utility>
+#include <vector>
+
 #include <ATen/ATen.h>
 
 #include <neml2/detail/call.hpp>
-
-#include <utility>
-#include <vector>
 
 namespace neml2::detail {
 
@@ -45,6 +45,20 @@ inline void take_rows(const BoundCall& call, std::int64_t first, std::int64_t ro
   take_rows(call.inputs, call.inputs_batched, first, rows, device, chunk.inputs);
   take_rows(call.params, call.params_batched, first, rows, device, chunk.params);
   take_rows(call.extras, call.extras_batched, first, rows, device, chunk.extras);
+}
+
+/// The whole call as one chunk, reusing its tensor lists: nothing is copied for batched
+/// tensors already on `device` (the call's tensors are moved out).
+inline void take_all(BoundCall& call, c10::Device device, ChunkArgs& chunk) {
+  const auto whole = [&](std::vector<at::Tensor>& tensors, const std::vector<bool>& batched) {
+    for (std::size_t i = 0; i < tensors.size(); ++i)
+      tensors[i] = take_rows(tensors[i], batched[i], 0, call.batch, device);
+    return std::move(tensors);
+  };
+  chunk.rows = call.batch;
+  chunk.inputs = whole(call.inputs, call.inputs_batched);
+  chunk.params = whole(call.params, call.params_batched);
+  chunk.extras = whole(call.extras, call.extras_batched);
 }
 
 /// The results of a call run as one chunk: sums taken, and the batch axis dropped when

@@ -3,12 +3,12 @@
 /// @file policies/sync_chunking.hpp
 /// @brief The whole batch on one device, in chunks of a fixed size, on the calling thread.
 
-#include <neml2/errors.hpp>
-#include <neml2/policy.hpp>
-
 #include <array>
 #include <cstdint>
 #include <string>
+
+#include <neml2/errors.hpp>
+#include <neml2/policy.hpp>
 
 namespace neml2 {
 
