@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Ratios from one run of bench_sync_chunking (Google Benchmark JSON with repetitions).
+"""Ratios from one run of a benchmark (Google Benchmark JSON, with repetitions).
 
-    bench_ratios.py results.json
+    bench_ratios.py results.json BASELINE CANDIDATE
 
-Prints, per batch, the median time of DispatchedModel<SyncChunking>::forward and of the
-torch loader's run() on the same graph, their ratio and difference, then the throughput
-of 2^20 points in chunks of 2^14 relative to one call on the whole batch.
+Benchmarks are named NAME/BATCH/CHUNK. For every CANDIDATE case, prints the median real
+time of it and of BASELINE on the same batch (same chunk size if BASELINE has one, else
+its whole-batch case), their ratio and their difference.
 """
 
 import json
@@ -15,9 +15,12 @@ from collections import defaultdict
 
 
 def main() -> int:
-    runs = json.load(open(sys.argv[1]))["benchmarks"]
+    if len(sys.argv) != 4:
+        print(__doc__, file=sys.stderr)
+        return 2
+    path, baseline, candidate = sys.argv[1:]
     times = defaultdict(list)  # (name, batch, chunk) -> real times in ns
-    for r in runs:
+    for r in json.load(open(path))["benchmarks"]:
         if r.get("run_type") != "iteration":
             continue
         name, batch, chunk = r["run_name"].split("/")[:3]
@@ -26,20 +29,18 @@ def main() -> int:
     median = {k: statistics.median(v) for k, v in times.items()}
     reps = min(len(v) for v in times.values())
 
-    print(f"medians of {reps} interleaved repetitions; times in microseconds\n")
-    print(f"{'batch':>8} {'loader.run()':>13} {'dispatched':>11} {'ratio':>7} {'overhead':>9}")
-    for (name, batch, chunk), t in sorted(median.items(), key=lambda kv: kv[0][1]):
-        if name != "loader_run":
+    print(f"{candidate} against {baseline}: medians of {reps} interleaved repetitions, "
+          f"microseconds")
+    print(f"{'batch':>8} {'chunk':>6} {baseline:>14} {candidate:>14} {'ratio':>7} "
+          f"{'difference':>11}")
+    for (name, batch, chunk), t in sorted(median.items(), key=lambda kv: kv[0][1:]):
+        if name != candidate:
             continue
-        d = median[("dispatched", batch, 0)]
-        print(f"{batch:>8} {t / 1e3:>13.3f} {d / 1e3:>11.3f} {d / t:>7.3f} {(d - t) / 1e3:>+9.3f}")
-
-    big = 1 << 20
-    chunked = median[("dispatched", big, 1 << 14)]
-    print(f"\n2^20 points in chunks of 2^14: {chunked / 1e6:.2f} ms; throughput relative to "
-          f"one call on the whole batch:")
-    print(f"  vs loader.run(2^20):          {median[('loader_run', big, 0)] / chunked:.3f}")
-    print(f"  vs dispatched, one chunk:     {median[('dispatched', big, 0)] / chunked:.3f}")
+        base = median.get((baseline, batch, chunk), median.get((baseline, batch, 0)))
+        if base is None:
+            continue
+        print(f"{batch:>8} {chunk:>6} {base / 1e3:>14.3f} {t / 1e3:>14.3f} {t / base:>7.3f} "
+              f"{(t - base) / 1e3:>+11.3f}")
     return 0
 
 
