@@ -8,7 +8,7 @@ build="${NEML2_DISPATCH_BUILD:-$root/build}"
 run() { # benchmark, baseline, candidate
   local out="$build/$1.json"
   "$build/bench/$1" --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true \
-    --benchmark_min_time=0.1 --benchmark_out="$out" --benchmark_out_format=json >/dev/null
+    --benchmark_min_time=0.1 --benchmark_out="$out" --benchmark_out_format=json >/dev/null 2>&1
   "$NEML2_DISPATCH_VENV/bin/python" "$root/tools/bench_ratios.py" "$out" "$2" "$3"
   echo
 }

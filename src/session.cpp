@@ -182,6 +182,17 @@ struct Session::Impl {
 
   struct Binder;
 
+  // A Jacobian block as the graph returned it (size-1 batch or sub-batch axes where it
+  // does not vary) at its full shape: `(rows, *slot)`, or `(*slot)` when batch-independent.
+  at::Tensor full_block(const at::Tensor& block, std::size_t k, std::int64_t rows) const {
+    const auto& shape = jacobian_slots[output_names.size() + k].shape;
+    if (segment->jacobian_pairs[k].batch_independent)
+      return block.select(0, 0).expand(shape);
+    auto sizes = shape;
+    sizes.insert(sizes.begin(), rows);
+    return block.sizes() == c10::IntArrayRef(sizes) ? block : block.expand(sizes);
+  }
+
   void require(bool has_graph, const char* op, const std::string& fix) const {
     if (!has_graph)
       throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
@@ -257,8 +268,12 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   for (const auto& n : seg.param_vjp_outputs)
     m.vjp_cotangents.push_back(position(m.output_index, n, "output"));
 
+  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there).
+  std::vector<std::int64_t> sub_batch;
+  for (const auto& v : a.inputs)
+    sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
   for (const auto& s : m.output_base_shapes)
-    m.forward_slots.push_back({detail::Gather::rows, s});
+    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
   m.jvp_slots = m.forward_slots;
   m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
   m.jacobian_slots = m.forward_slots;
@@ -511,8 +526,7 @@ std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) con
     m.put_outputs_in_master_order(results);
     const auto n_out = m.output_names.size();
     for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
-      if (m.segment->jacobian_pairs[k].batch_independent)
-        results[n_out + k] = results[n_out + k].select(0, 0);
+      results[n_out + k] = m.full_block(results[n_out + k], k, chunk.rows);
     return results;
   }
   case Operation::jvp: {
@@ -527,22 +541,23 @@ std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) con
       const auto& tangent = chunk.extras[i];
       if (!tangent.defined())
         continue;
+      // block (R, *sub, *out, *in) . tangent (R, *sub, *in) -> (R, *sub, *out): each
+      // sub-batch entry on its own; an output without the sub-batch axes sums over them.
       const auto& pair = m.segment->jacobian_pairs[k];
-      const auto& block = blocks[n_out + k];
-      // block (R|1, *sub, *out, *in) . tangent (R, *sub, *in) -> (R, *out)
       const auto sub = numel(pair.in_sub_batch_shape), out = numel(pair.out_base_shape),
                  in = numel(pair.in_base_shape);
-      auto term = at::matmul(block.reshape({block.size(0), sub, out, in}),
-                             tangent.reshape({chunk.rows, sub, in, 1}))
-                      .sum({1, 3});
+      const auto block = m.full_block(blocks[n_out + k], k, chunk.rows);
+      auto term = at::matmul(block.reshape({pair.batch_independent ? 1 : chunk.rows, sub, out, in}),
+                             tangent.reshape({chunk.rows, sub, in, 1}));
+      const auto& output = blocks[o];
+      const bool output_has_sub =
+          output.dim() > 1 + static_cast<std::int64_t>(pair.out_base_shape.size());
+      term = (output_has_sub ? term : term.sum(1)).reshape(output.sizes());
       results[n_out + o] = results[n_out + o].defined() ? results[n_out + o] + term : term;
     }
-    for (std::size_t o = 0; o < n_out; ++o) {
-      auto shape = m.output_base_shapes[o];
-      shape.insert(shape.begin(), chunk.rows);
-      auto& r = results[n_out + o];
-      r = r.defined() ? r.reshape(shape) : at::zeros(shape, blocks[o].options());
-    }
+    for (std::size_t o = 0; o < n_out; ++o)
+      if (!results[n_out + o].defined())
+        results[n_out + o] = at::zeros_like(blocks[o]);
     return results;
   }
   case Operation::param_jacobian: {

@@ -33,6 +33,16 @@ TEST_CASE("every chunk size gives the eager numbers: 1, 3, the batch and 0") {
   }
 }
 
+TEST_CASE("sub-batch axes ride along with each row") {
+  const test::Reference ref("elasticity_subbatch");
+  for (std::int64_t rows : {1, 3, 0}) {
+    CAPTURE(rows);
+    const auto m = load("elasticity_subbatch", "elasticity", SyncChunking{.batch_size = rows});
+    test::check_all_batches(m, ref, true, false);
+    CHECK(m.forward(ref.group("b7/in")).at("stress").sizes() == c10::IntArrayRef{7, 3, 6});
+  }
+}
+
 TEST_CASE("batched parameters are cut with the batch; param_vjp sums or keeps rows") {
   const test::Reference ref("elasticity_params");
   auto m = load("elasticity_params", "elasticity", SyncChunking{.batch_size = 3});

@@ -52,12 +52,16 @@ class Store:
         (out / "reference.json").write_text(json.dumps(self.index, indent=1))
 
 
+SUB_BATCH = {}  # input name -> sub-batch shape (--sub-batch)
+
+
 def random_inputs(model, batch, gen, unbatched=()):
-    """One value per input: `(batch, *base)`, or `(*base)` for names in `unbatched`.
-    Old-state inputs (`x~1`) are drawn lower than current ones, so rates stay finite."""
+    """One value per input: `(batch, *sub, *base)`, or `(*sub, *base)` for names in
+    `unbatched`. Old-state inputs (`x~1`) are drawn lower than current ones, so rates stay
+    finite."""
     values = {}
     for name, typ in model.input_spec.items():
-        base = list(typ.BASE_SHAPE)
+        base = [*SUB_BATCH.get(name, []), *typ.BASE_SHAPE]
         shape = base if name in unbatched else [batch, *base]
         low, high = (0.0, 0.4) if name.endswith("~1") else (0.6, 1.6)
         values[name] = low + (high - low) * torch.rand(shape, generator=gen)
@@ -65,12 +69,10 @@ def random_inputs(model, batch, gen, unbatched=()):
 
 
 def expanded(values, batch):
-    """Unbatched values broadcast to the batch, for the eager model."""
-    out = {}
-    for name, v in values.items():
-        batched = v.dim() > 0 and v.shape[0] == batch
-        out[name] = v if batched else v.expand(batch, *v.shape)
-    return out
+    """Unbatched values broadcast to the batch, for the eager model (which takes the
+    sub-batch axes as more batch axes)."""
+    return {n: v if v.dim() > 0 and v.shape[0] == batch else v.expand(batch, *v.shape)
+            for n, v in values.items()}
 
 
 def eager_name(model, qualified, model_name):
@@ -131,11 +133,16 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--derivatives", action="store_true")
     parser.add_argument("--param", action="append", default=[])
+    parser.add_argument("--sub-batch", action="append", default=[], metavar="NAME=N",
+                        help="give input NAME a sub-batch axis of size N")
     parser.add_argument("--batch", type=int, action="append",
                         help="forward cases at these batch sizes only (default: "
                              "all the cases above)")
     args = parser.parse_args()
 
+    for spec in args.sub_batch:
+        name, size = spec.split("=")
+        SUB_BATCH[name] = [int(size)]
     torch.set_default_dtype(torch.float64)
     gen = torch.Generator().manual_seed(20261129)
     model = neml2.load_model(args.input, args.model)
