@@ -1,5 +1,8 @@
 // The session: every operation against eager NEML2, parameters, and input validation.
 
+#include <optional>
+#include <thread>
+
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -207,4 +210,37 @@ TEST_CASE("operations without their graphs say how to compile them") {
   CHECK(contains(test::fatal_message([&] { return s.param_vjp(inputs, {}); }),
                  "param_vjp(): artifact"));
   test::check_forward(s, ref, "b2");
+}
+
+TEST_CASE("a model that calls the custom operator neml2::opaque_pow") {
+  // Without the operator registered, such a graph fails with "Could not find schema for
+  // neml2::opaque_pow".
+  const auto s = open("perzyna", "perzyna");
+  test::check_all_batches(s, test::Reference("perzyna"), true, false);
+}
+
+TEST_CASE("sessions constructed from several threads at once all work") {
+  const auto artifact = std::make_shared<const Artifact>(
+      read_artifact(test::artifacts() / "elasticity_params" / "elasticity"));
+  std::vector<std::optional<Session>> sessions(4);
+  std::vector<std::thread> threads;
+  for (auto& s : sessions)
+    threads.emplace_back([&] { s.emplace(artifact, "cpu"); });
+  for (auto& t : threads)
+    t.join();
+  const test::Reference ref("elasticity_params");
+  for (const auto& s : sessions)
+    test::check_all_batches(*s, ref, true, true);
+}
+
+TEST_CASE("an error torch raises mid-call is a FatalError that keeps torch's message") {
+  auto s = open("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  s.named_parameters().at("elasticity.E") =
+      at::ones({}, at::TensorOptions().dtype(at::kDouble).device(at::kMeta));
+  const auto message = test::fatal_message([&] { return s.forward(ref.group("b7/in")); });
+  CHECK(contains(message, "neml2::Session: "));
+  CHECK(contains(message, "meta"));
+  s.set_parameter("elasticity.E", at::full({}, 100.0, at::kDouble));
+  test::check_forward(s, ref, "b7"); // usable again
 }
