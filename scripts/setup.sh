@@ -7,16 +7,13 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 export NEML2_DISPATCH_CACHE="${NEML2_DISPATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/neml2-dispatch}"
 
-debian_packages=(cmake g++ libfmt-dev nlohmann-json3-dev doctest-dev libbenchmark-dev python3-venv)
+debian_packages=(cmake g++ libfmt-dev nlohmann-json3-dev doctest-dev libbenchmark-dev)
+# python3-venv only where the system python lacks venv (pyenv builds have it).
+python3 -c 'import venv, ensurepip' 2>/dev/null || debian_packages+=(python3-venv)
 missing=()
 for p in "${debian_packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-# python3-venv is only needed when the system python lacks venv (pyenv builds have it).
-if python3 -c 'import venv, ensurepip' 2>/dev/null; then
-  missing=("${missing[@]/python3-venv/}")
-fi
-missing=(${missing[@]+"${missing[@]}"})
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}"
   sudo_cmd=(); [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
