@@ -58,9 +58,9 @@ def main() -> int:
         tmp = cache_root / f"{entry.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        compiler = Path(sys.executable).parent / "neml2-compile"
-        cmd = [str(compiler), str(input_file), *options, "--output-dir", str(tmp), "-q"]
-        print("compiling:", " ".join(cmd[1:]), flush=True)
+        cmd = [sys.executable, "-m", "neml2.cli.aoti_compile", str(input_file), *options,
+               "--output-dir", str(tmp), "-q"]
+        print("neml2-compile", " ".join(cmd[3:]), flush=True)
         result = subprocess.run(cmd)
         if result.returncode != 0 or not any(tmp.glob("*/metadata.json")):
             shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The GPU check, run on the device machine in one call (see the device tool's notes):
+#   scripts/prepare-gpu-carry.sh          here, first
+#   run: bash scripts/gpu-check.sh        carry: [".carry"], timeout leaving room for a rerun
+# Installs neml2 from .carry/wheels beside the machine's torch, builds with the bundled
+# headers, compiles cpu+cuda artifacts, runs every test (the CUDA ones included) and the
+# benchmark, and leaves the logs in $OUT (or build-gpu/). PYTHON picks the python (default
+# python3); NEML2_DISPATCH_GPU_TESTS=OFF rehearses it all on a machine without a GPU.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+python="${PYTHON:-python3}"
+out="${OUT:-$root/build-gpu}"
+mkdir -p "$out"
+
+# neml2 beside the machine's torch (numpy only where the machine lacks it).
+site="$root/.carry/site"
+if [ ! -d "$site" ]; then
+  requirements=$(grep -v '^numpy' .carry/requirements.txt)
+  "$python" -c 'import numpy' 2>/dev/null || requirements=$(cat .carry/requirements.txt)
+  "$python" -m pip install -q --no-index --no-deps --find-links .carry/wheels --target "$site" \
+    $requirements
+fi
+export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
+"$python" -c 'import torch, neml2; print("torch", torch.__version__, "cuda", torch.cuda.is_available())' \
+  | tee "$out/versions.txt"
+
+generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
+cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
+  -DNEML2_DISPATCH_PYTHON="$(command -v "$python")" -DNEML2_DISPATCH_BUNDLED_DEPS="$root/.carry/deps" \
+  -DNEML2_DISPATCH_GPU_TESTS="${NEML2_DISPATCH_GPU_TESTS:-ON}" > "$out/configure.log"
+cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
+ctest --test-dir build-gpu --output-on-failure -j 4 -E compile_fail 2>&1 | tee "$out/ctest.log"
+build-gpu/bench/bench_sync_chunking --benchmark_repetitions=5 \
+  --benchmark_enable_random_interleaving=true --benchmark_min_time=0.1 \
+  --benchmark_out="$out/bench_sync_chunking.json" --benchmark_out_format=json > /dev/null 2>&1
+"$python" tools/bench_ratios.py "$out/bench_sync_chunking.json" loader_run dispatched \
+  | tee "$out/bench.txt"
