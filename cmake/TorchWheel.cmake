@@ -47,6 +47,7 @@ endif()
 
 add_library(neml2_dispatch_torch INTERFACE)
 add_library(neml2_dispatch::torch ALIAS neml2_dispatch_torch)
+set_target_properties(neml2_dispatch_torch PROPERTIES EXPORT_NAME torch)
 target_include_directories(neml2_dispatch_torch SYSTEM INTERFACE
   "${NEML2_DISPATCH_TORCH_DIR}/include"
   "${NEML2_DISPATCH_TORCH_DIR}/include/torch/csrc/api/include")

@@ -1,0 +1,21 @@
+// Loads a compiled model through the installed package and checks one stress value
+// against the analytic answer for linear isotropic elasticity (E = 100, nu = 0.3).
+#include <cmath>
+#include <cstdio>
+
+#include <neml2/dispatch.hpp>
+
+int main(int argc, char** argv) {
+  if (argc != 2)
+    return 2;
+  const auto model = neml2::load_model(argv[1], "elasticity", neml2::SyncChunking{.batch_size = 2});
+  auto strain = at::zeros({3, 6}, at::kDouble);
+  strain.select(1, 0).fill_(1e-3); // uniaxial strain
+  const auto stress = model.forward({{"strain", strain}}).at("stress");
+  const double E = 100, nu = 0.3;
+  const double expected = E * (1 - nu) / ((1 + nu) * (1 - 2 * nu)) * 1e-3;
+  const double got = stress[2][0].item<double>();
+  const bool ok = std::abs(got - expected) <= 1e-12 * expected;
+  std::printf("sigma_xx = %.12g, analytic %.12g: %s\n", got, expected, ok ? "matches" : "MISMATCH");
+  return ok ? 0 : 1;
+}
