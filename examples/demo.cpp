@@ -3,6 +3,7 @@
 //
 //   demo <artifacts-folder>     (the build's artifacts/ folder; scripts/demo.sh passes it)
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -27,32 +28,36 @@ int main(int argc, char** argv) try {
   std::printf("batch: %lld material points\n\n", static_cast<long long>(batch));
   std::printf("%-36s %14s %12s\n", "policy", "points/s", "ms/batch");
 
-  at::Tensor stress;
+  const auto difference = [&](const at::Tensor& stress) {
+    return ((stress - expected).abs().max() / expected.abs().max()).item<double>();
+  };
+  double worst = 0;
   for (const std::int64_t rows : {0, 1 << 14, 1 << 12}) {
     const auto model = neml2::load_model(stub, "elasticity",
                                          neml2::SyncChunking{.device = "cpu", .batch_size = rows});
-    stress = model.forward({{"strain", strain}}).at("stress"); // warm-up
+    const neml2::TensorMap inputs = {{"strain", strain}};
+    auto stress = model.forward(inputs).at("stress"); // warm-up
     constexpr int repeats = 10;
     const auto start = std::chrono::steady_clock::now();
     for (int i = 0; i < repeats; ++i)
-      stress = model.forward({{"strain", strain}}).at("stress");
+      stress = model.forward(inputs).at("stress");
     const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
     const auto seconds = elapsed.count() / repeats;
     const auto label = rows == 0 ? std::string("SyncChunking{cpu, whole batch}")
                                  : "SyncChunking{cpu, " + std::to_string(rows) + "}";
-    std::printf("%-36s %14.3e %12.2f\n", label.c_str(), batch / seconds, 1e3 * seconds);
-
-    const auto error = ((stress - expected).abs().max() / expected.abs().max()).item<double>();
-    if (!(error <= 1e-12)) {
-      std::printf("\nFAILED: relative difference from eager NEML2 is %.3e\n", error);
-      return 1;
-    }
+    std::printf("%-36s %14.3e %12.2f\n", label.c_str(), static_cast<double>(batch) / seconds,
+                1e3 * seconds);
+    worst = std::max(worst, difference(stress));
   }
-  const auto error = ((stress - expected).abs().max() / expected.abs().max()).item<double>();
-  std::printf("\nstress matches eager NEML2 on all %lld points (max relative difference %.1e)\n",
-              static_cast<long long>(batch), error);
+  if (!(worst <= 1e-12)) {
+    std::printf("\nFAILED: stress differs from eager NEML2 by %.3e (relative)\n", worst);
+    return 1;
+  }
+  std::printf("\nstress matches eager NEML2 on all %lld points for every policy (max relative "
+              "difference %.1e)\n",
+              static_cast<long long>(batch), worst);
   return 0;
-} catch (const neml2::Exception& e) {
-  std::fprintf(stderr, "neml2 error: %s\n", e.what());
+} catch (const std::exception& e) {
+  std::fprintf(stderr, "demo failed: %s\n", e.what());
   return 1;
 }

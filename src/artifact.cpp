@@ -267,7 +267,7 @@ c10::ScalarType dtype_from_name(const std::string& name) {
 }
 
 fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
-  const auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
+  auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
   if (fs::is_directory(dir))
     return dir;
   throw FatalError(fmt::format(
