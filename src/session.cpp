@@ -23,6 +23,13 @@ namespace {
 
 using Loader = torch::inductor::AOTIModelPackageLoader;
 
+// One compiled graph (absent when the artifact was compiled without it).
+struct Graph {
+  std::unique_ptr<Loader> loader;
+  std::string file;
+  explicit operator bool() const { return loader != nullptr; }
+};
+
 std::string shape_text(c10::IntArrayRef shape) {
   return fmt::format("[{}]", fmt::join(shape, ", "));
 }
@@ -86,11 +93,10 @@ void check_graph_dtype(const fs::path& file, c10::ScalarType dtype) {
 }
 
 // Loader construction is not thread-safe in torch: one at a time, process-wide.
-std::unique_ptr<Loader> load_graph(const fs::path& leaf, const std::string& package,
-                                   const c10::Device& device, c10::ScalarType dtype,
-                                   const char* listed_as) {
+Graph load_graph(const fs::path& leaf, const std::string& package, const c10::Device& device,
+                 c10::ScalarType dtype, const char* listed_as) {
   if (package.empty())
-    return nullptr;
+    return {};
   const auto file = leaf / package;
   if (!fs::is_regular_file(file))
     throw FatalError(fmt::format("graph file '{}' (metadata.json {}) is missing; the artifact "
@@ -102,8 +108,10 @@ std::unique_ptr<Loader> load_graph(const fs::path& leaf, const std::string& pack
   return detail::translate_foreign_errors(
       fmt::format("loading '{}' for {}", file.string(), device.str()).c_str(), [&] {
         check_graph_dtype(file, dtype);
-        return std::make_unique<Loader>(file.string(), "model", /*run_single_threaded=*/false,
-                                        /*num_runners=*/1, device.index());
+        return Graph{std::make_unique<Loader>(file.string(), "model",
+                                              /*run_single_threaded=*/false,
+                                              /*num_runners=*/1, device.index()),
+                     file.string()};
       });
 }
 
@@ -125,7 +133,7 @@ struct Session::Impl {
   c10::ScalarType dtype;
   fs::path leaf;
   const ForwardSegment* segment = nullptr;
-  std::unique_ptr<Loader> value_graph, jvp_graph, param_jacobian_graph, param_vjp_graph;
+  Graph value_graph, jvp_graph, param_jacobian_graph, param_vjp_graph;
 
   // Public names and shapes, master order.
   std::vector<std::string> input_names, output_names;
@@ -149,8 +157,7 @@ struct Session::Impl {
   bool graph_takes_inputs_as_is = true; // no reordering, no parameters
 
   // Runs a graph that takes the structural inputs then the parameters.
-  std::vector<at::Tensor> run_graph(const std::unique_ptr<Loader>& graph,
-                                    detail::ChunkArgs& chunk) const {
+  std::vector<at::Tensor> run_graph(const Graph& graph, detail::ChunkArgs& chunk) const {
     return graph_takes_inputs_as_is ? call(graph, chunk.inputs) : call(graph, graph_args(chunk));
   }
 
@@ -164,10 +171,13 @@ struct Session::Impl {
     return args;
   }
 
-  std::vector<at::Tensor> call(const std::unique_ptr<Loader>& graph,
-                               const std::vector<at::Tensor>& args) const {
-    return detail::translate_foreign_errors("running a compiled graph",
-                                            [&] { return graph->run(args); });
+  std::vector<at::Tensor> call(const Graph& graph, const std::vector<at::Tensor>& args) const {
+    try {
+      return graph.loader->run(args);
+    } catch (const std::exception& e) {
+      throw FatalError(
+          fmt::format("running '{}' on {}: {}", graph.file, torch_device.str(), e.what()));
+    }
   }
 
   // Value-graph outputs in master order, then the rest of what the graph returned.
@@ -188,9 +198,11 @@ struct Session::Impl {
     const auto& shape = jacobian_slots[output_names.size() + k].shape;
     if (segment->jacobian_pairs[k].batch_independent)
       return block.select(0, 0).expand(shape);
+    if (block.size(0) == rows && block.sizes().slice(1) == c10::IntArrayRef(shape))
+      return block;
     auto sizes = shape;
     sizes.insert(sizes.begin(), rows);
-    return block.sizes() == c10::IntArrayRef(sizes) ? block : block.expand(sizes);
+    return block.expand(sizes);
   }
 
   void require(bool has_graph, const char* op, const std::string& fix) const {
@@ -412,14 +424,14 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
   switch (op) {
   case Operation::jvp:
   case Operation::jacobian:
-    m.require(m.jvp_graph != nullptr, op == Operation::jvp ? "jvp" : "jacobian",
+    m.require(bool(m.jvp_graph), op == Operation::jvp ? "jvp" : "jacobian",
               "-d OUT:IN (or -d : for every pair)");
     break;
   case Operation::param_jacobian:
-    m.require(m.param_jacobian_graph != nullptr, "param_jacobian", "-p PARAM -d OUT:PARAM");
+    m.require(bool(m.param_jacobian_graph), "param_jacobian", "-p PARAM -d OUT:PARAM");
     break;
   case Operation::param_vjp:
-    m.require(m.param_vjp_graph != nullptr, "param_vjp", "-p PARAM -d OUT:PARAM");
+    m.require(bool(m.param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
     break;
   case Operation::forward:
     break;
