@@ -42,10 +42,46 @@ void batches(benchmark::internal::Benchmark* b) {
     b->Args({batch, 0});
 }
 
+// On a GPU (artifact elasticity_gpu, -DNEML2_DISPATCH_GPU_TESTS=ON): cpu inputs, cuda
+// compute, cpu results, for both; the copies make each call synchronous.
+const auto gpu_root =
+    std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "elasticity_gpu" / "elasticity";
+
+void loader_run_cuda(benchmark::State& state) {
+  torch::inductor::AOTIModelPackageLoader loader(
+      (gpu_root / "cuda/float64/elasticity.pt2").string(), "model", false, 1, 0);
+  const auto x = strain(state.range(0));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(loader.run({x.to(at::Device("cuda:0"))})[0].to(at::kCPU));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void dispatched_cuda(benchmark::State& state) {
+  const auto model =
+      neml2::load_model(gpu_root, "elasticity",
+                        neml2::SyncChunking{.device = "cuda:0", .batch_size = state.range(1)});
+  const neml2::TensorMap inputs = {{"strain", strain(state.range(0))}};
+  for (auto _ : state)
+    benchmark::DoNotOptimize(model.forward(inputs));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
 } // namespace
 
 BENCHMARK(loader_run)->Apply(batches)->UseRealTime();
 BENCHMARK(dispatched)->Apply(batches)->UseRealTime();
 BENCHMARK(dispatched)->Args({1 << 20, 1 << 14})->UseRealTime();
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (at::hasCUDA() && std::filesystem::is_directory(gpu_root / "cuda")) {
+    benchmark::RegisterBenchmark("loader_run_cuda", loader_run_cuda)->Apply(batches)->UseRealTime();
+    benchmark::RegisterBenchmark("dispatched_cuda", dispatched_cuda)->Apply(batches)->UseRealTime();
+    benchmark::RegisterBenchmark("dispatched_cuda", dispatched_cuda)
+        ->Args({1 << 20, 1 << 16})
+        ->UseRealTime();
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

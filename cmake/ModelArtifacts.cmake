@@ -26,7 +26,7 @@ function(neml2_dispatch_add_artifact name)
             --model ${arg_MODEL} ${arg_COMPILE_OPTIONS} --out "${out}"
     COMMAND ${CMAKE_COMMAND} -E touch "${out}.stamp"
     DEPENDS "${input}" "${tools}/compile_artifact.py"
-    COMMENT "neml2-compile ${arg_INPUT} (${name}; cached)"
+    COMMENT "neml2-compile ${arg_INPUT} for ${name} (or its cached result)"
     VERBATIM)
   if(NOT arg_NO_REFERENCE)
     add_custom_command(

@@ -34,5 +34,6 @@ ctest --test-dir build-gpu --output-on-failure -j 4 -E compile_fail 2>&1 | tee "
 build-gpu/bench/bench_sync_chunking --benchmark_repetitions=5 \
   --benchmark_enable_random_interleaving=true --benchmark_min_time=0.1 \
   --benchmark_out="$out/bench_sync_chunking.json" --benchmark_out_format=json > /dev/null 2>&1
-"$python" tools/bench_ratios.py "$out/bench_sync_chunking.json" loader_run dispatched \
-  | tee "$out/bench.txt"
+for pair in "loader_run dispatched" "loader_run_cuda dispatched_cuda"; do
+  "$python" tools/bench_ratios.py "$out/bench_sync_chunking.json" $pair | tee -a "$out/bench.txt"
+done
