@@ -3,9 +3,10 @@
 #include <string>
 
 #include <c10/util/Exception.h>
-#include <doctest/doctest.h>
 
 #include <neml2/errors.hpp>
+
+#include "doctest_torch.hpp"
 
 using namespace neml2;
 
@@ -41,7 +42,7 @@ TEST_CASE("an AggregateError is recoverable only when all its errors are") {
 TEST_CASE("foreign exceptions become FatalError with their message kept") {
   const auto message_of = [](auto&& f) -> std::string {
     try {
-      detail::translate_foreign_errors("running the model", f);
+      neml2::detail::translate_foreign_errors("running the model", f);
     } catch (const FatalError& e) {
       return e.what();
     }
@@ -54,8 +55,8 @@ TEST_CASE("foreign exceptions become FatalError with their message kept") {
   CHECK(message_of([] { throw 42; }).find("unknown") != std::string::npos);
 
   // Our own errors pass through with their dynamic type.
-  CHECK_THROWS_AS(
-      detail::translate_foreign_errors("x", []() -> int { throw ConvergenceError("diverged"); }),
-      ConvergenceError);
-  CHECK(detail::translate_foreign_errors("x", [] { return 7; }) == 7);
+  CHECK_THROWS_AS(neml2::detail::translate_foreign_errors(
+                      "x", []() -> int { throw ConvergenceError("diverged"); }),
+                  ConvergenceError);
+  CHECK(neml2::detail::translate_foreign_errors("x", [] { return 7; }) == 7);
 }

@@ -1,8 +1,8 @@
 // The policy concept: what models it, what does not, and the synchronous trait.
 
-#include <doctest/doctest.h>
-
 #include <neml2/dispatch.hpp>
+
+#include "doctest_torch.hpp"
 
 using namespace neml2;
 

@@ -7,11 +7,9 @@
 #include <map>
 #include <string>
 
-#include <ATen/ATen.h>
-#include <doctest/doctest.h>
-
 #include <neml2/dispatch.hpp>
 
+#include "doctest_torch.hpp"
 #include "reference_file.hpp"
 
 namespace test {
