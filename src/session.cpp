@@ -468,6 +468,13 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
     call.params_batched[i] = b.check("parameter", specs[i].public_name, call.params[i],
                                      specs[i].base_shape, specs[i].dtype.value_or(m.dtype), false);
   }
+  if (params.size() != specs.size())
+    for (const auto& [name, t] : params)
+      if (!m.parameter_base_shapes.count(name))
+        throw FatalError(fmt::format("named_parameters() has '{}', which is not a promoted "
+                                     "parameter of this artifact; remove it, or compile with "
+                                     "neml2-compile -p {} to make it one",
+                                     name, name));
 
   if (op == Operation::jvp) {
     reject_unknown(extras, m.input_names, "tangent (tangents are keyed by input)");

@@ -61,6 +61,13 @@ TEST_CASE("promoted parameters: values, derivatives, set_parameter, batched valu
     const auto message = test::fatal_message([&] { return s.forward(ref.group("b2/in")); });
     CHECK(contains(message, "batch sizes do not agree ('strain' has 2, 'elasticity.E' has 7)"));
   }
+  SUBCASE("a name that is not a promoted parameter, added to named_parameters()") {
+    s.named_parameters()["elasticity.G"] = at::ones({}, at::kDouble);
+    CHECK(contains(test::fatal_message([&] { return s.forward(ref.group("b2/in")); }),
+                   "named_parameters() has 'elasticity.G', which is not a promoted parameter"));
+    s.named_parameters().erase("elasticity.G");
+    test::check_forward(s, ref, "b2");
+  }
   SUBCASE("bad set_parameter calls") {
     CHECK(contains(test::fatal_message([&] { s.set_parameter("E", at::ones({})); }),
                    "'E' is not a promoted parameter (promoted: elasticity.E, elasticity.nu)"));
