@@ -5,4 +5,4 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 "$root/scripts/build.sh"
 build="${NEML2_DISPATCH_BUILD:-$root/build}"
-"$build/examples/demo" "$build/demo"
+"$build/examples/demo" "$build/artifacts"
