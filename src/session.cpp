@@ -116,10 +116,13 @@ Graph load_graph(const fs::path& leaf, const std::string& package, const c10::De
 }
 
 // A bare accelerator family means the current device of that family: pin it now, so that
-// inputs on that device are recognized as already in place.
+// inputs on that device are recognized as already in place. The CPU has no index worth
+// keeping: "cpu:0" is "cpu", as CPU tensors report it.
 c10::Device resolve(const Device& device) {
   auto d = device.torch();
-  if (d.is_cpu() || d.has_index())
+  if (d.is_cpu())
+    return c10::kCPU;
+  if (d.has_index())
     return d;
   return c10::impl::getDeviceGuardImpl(d.type())->getDevice();
 }

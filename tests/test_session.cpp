@@ -199,9 +199,11 @@ TEST_CASE("tangents and cotangents are checked too") {
         return s.param_vjp(inputs, {{"strain", inputs.at("strain")}});
       }),
       "cotangent 'strain' is not an output the param_vjp graph was compiled for (stress)"));
-  // A missing tangent counts as zero.
+  // A missing tangent or cotangent counts as zero.
   const auto [out, tangent_out] = s.jvp(inputs, {});
   CHECK(tangent_out.at("stress").abs().max().item<double>() == 0.0);
+  for (const auto& [name, grad] : s.param_vjp(inputs, {}))
+    CHECK_MESSAGE(grad.abs().max().item<double>() == 0.0, name);
 }
 
 TEST_CASE("operations without their graphs say how to compile them") {
