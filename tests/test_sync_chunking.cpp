@@ -1,5 +1,7 @@
 // DispatchedModel<SyncChunking>: every operation, chunked every way, against eager NEML2.
 
+#include <thread>
+
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -117,4 +119,20 @@ TEST_CASE("an error mid-call leaves the model usable") {
   const auto m = load("elasticity", "elasticity", SyncChunking{.batch_size = 3});
   CHECK_THROWS_AS((void)m.forward({{"strain", at::ones({4, 5}, at::kDouble)}}), FatalError);
   test::check_forward(m, ref, "b7");
+}
+
+TEST_CASE("one model called from several threads at once") {
+  const test::Reference ref("rates");
+  const auto m = load("rates", "eq", SyncChunking{.batch_size = 3});
+  std::vector<TensorMap> results(4);
+  std::vector<std::thread> threads;
+  for (auto& r : results)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 50; ++i)
+        r = m.forward(ref.group("b33/in"));
+    });
+  for (auto& t : threads)
+    t.join();
+  for (const auto& r : results)
+    test::check_close(r, ref.group("b33/out"), "concurrent forward");
 }
