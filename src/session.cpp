@@ -319,11 +319,11 @@ struct Session::Impl::Binder {
   const Session::Impl& m;
   std::optional<c10::Device> required_device;
   detail::BoundCall& call;
-  const at::Tensor* first = nullptr; // the tensor that fixed the device
-  std::string first_name;
+  const std::string* first = nullptr; // the tensor that fixed the device
   c10::SmallVector<std::pair<const std::string*, std::int64_t>, 8> batch_sizes;
 
-  // Checks one tensor against `(B, *trailing)` / `(*trailing)`; returns whether batched.
+  // Checks one tensor against `(B, *trailing)` / `(*trailing)` and gives an unbatched one
+  // a leading axis of 1; returns whether it had a batch axis.
   bool check(const std::string& what, const std::string& name, at::Tensor& t, const Shape& trailing,
              c10::ScalarType dtype, bool on_input_device) {
     const auto expected = [&] {
@@ -347,13 +347,12 @@ struct Session::Impl::Binder {
                                      what, name, t.device().str(), required_device->str(),
                                      required_device->str()));
       if (!first) {
-        first = &t;
-        first_name = name;
+        first = &name;
         call.device = t.device();
       } else if (t.device() != call.device)
         throw FatalError(fmt::format("{} '{}' is on {} but {} is on {}: all inputs of a call "
                                      "must be on one device",
-                                     what, name, t.device().str(), first_name, call.device.str()));
+                                     what, name, t.device().str(), *first, call.device.str()));
     }
     const auto sizes = t.sizes();
     const auto rank = static_cast<std::int64_t>(trailing.size());
@@ -363,18 +362,12 @@ struct Session::Impl::Binder {
       throw FatalError(fmt::format("{} '{}' has shape {}; expected {}: one leading batch axis "
                                    "(flatten several with reshape) or none",
                                    what, name, shape_text(sizes), expected()));
-    if (batched && t.size(0) != 1)
+    if (!batched)
+      t = t.unsqueeze(0);
+    else if (t.size(0) != 1)
       batch_sizes.emplace_back(&name, t.size(0));
+    call.batched = call.batched || batched;
     return batched;
-  }
-
-  // Leading-size-1 tensors are broadcast like unbatched ones.
-  static void squeeze_unit_batch(at::Tensor& t, std::vector<bool>::reference batched,
-                                 std::int64_t batch) {
-    if (batched && batch != 1 && t.size(0) == 1) {
-      t = t.select(0, 0);
-      batched = false;
-    }
   }
 
   void settle_batch() {
@@ -390,17 +383,6 @@ struct Session::Impl::Binder {
                                      "the same leading size, or 1 to broadcast",
                                      fmt::join(all, ", ")));
       }
-    const auto any = [](const std::vector<bool>& v) {
-      return std::find(v.begin(), v.end(), true) != v.end();
-    };
-    call.batched = any(call.inputs_batched) || any(call.params_batched) || any(call.extras_batched);
-    for (std::size_t i = 0; i < call.inputs.size(); ++i)
-      squeeze_unit_batch(call.inputs[i], call.inputs_batched[i], call.batch);
-    for (std::size_t i = 0; i < call.params.size(); ++i)
-      squeeze_unit_batch(call.params[i], call.params_batched[i], call.batch);
-    for (std::size_t i = 0; i < call.extras.size(); ++i)
-      if (call.extras[i].defined())
-        squeeze_unit_batch(call.extras[i], call.extras_batched[i], call.batch);
   }
 };
 
@@ -441,10 +423,9 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
   }
 
   detail::BoundCall call;
-  Impl::Binder b{m, required_device, call, nullptr, {}, {}};
+  Impl::Binder b{m, required_device, call, nullptr, {}};
   reject_unknown(inputs, m.input_names, "input");
   call.inputs.resize(m.input_names.size());
-  call.inputs_batched.resize(m.input_names.size());
   for (std::size_t i = 0; i < m.input_names.size(); ++i) {
     const auto it = inputs.find(m.input_names[i]);
     if (it == inputs.end())
@@ -454,13 +435,12 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
                                    fmt::join(m.input_trailing_shapes[i], ", "),
                                    names_text(m.input_names)));
     call.inputs[i] = it->second;
-    call.inputs_batched[i] = b.check("input", m.input_names[i], call.inputs[i],
-                                     m.input_trailing_shapes[i], m.dtype, true);
+    b.check("input", m.input_names[i], call.inputs[i], m.input_trailing_shapes[i], m.dtype, true);
   }
 
   const auto& specs = m.artifact->parameters;
   call.params.resize(specs.size());
-  call.params_batched.resize(specs.size());
+  c10::SmallVector<bool, 8> params_batched(specs.size());
   for (std::size_t i = 0; i < specs.size(); ++i) {
     const auto it = params.find(specs[i].public_name);
     if (it == params.end())
@@ -468,8 +448,8 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
                                    "named_parameters(); put it back or use set_parameter()",
                                    specs[i].public_name));
     call.params[i] = it->second;
-    call.params_batched[i] = b.check("parameter", specs[i].public_name, call.params[i],
-                                     specs[i].base_shape, specs[i].dtype.value_or(m.dtype), false);
+    params_batched[i] = b.check("parameter", specs[i].public_name, call.params[i],
+                                specs[i].base_shape, specs[i].dtype.value_or(m.dtype), false);
   }
   if (params.size() != specs.size())
     for (const auto& [name, t] : params)
@@ -482,12 +462,11 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
   if (op == Operation::jvp) {
     reject_unknown(extras, m.input_names, "tangent (tangents are keyed by input)");
     call.extras.resize(m.input_names.size());
-    call.extras_batched.resize(m.input_names.size());
     for (std::size_t i = 0; i < m.input_names.size(); ++i)
       if (const auto it = extras.find(m.input_names[i]); it != extras.end()) {
         call.extras[i] = it->second;
-        call.extras_batched[i] = b.check("tangent", m.input_names[i], call.extras[i],
-                                         m.input_trailing_shapes[i], m.dtype, true);
+        b.check("tangent", m.input_names[i], call.extras[i], m.input_trailing_shapes[i], m.dtype,
+                true);
       }
   } else if (op == Operation::param_vjp) {
     std::vector<std::string> covered;
@@ -499,12 +478,11 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
                                      "compiled for ({}); recompile with -d {}:PARAM",
                                      name, names_text(covered), name));
     call.extras.resize(covered.size());
-    call.extras_batched.resize(covered.size());
     for (std::size_t i = 0; i < covered.size(); ++i)
       if (const auto it = extras.find(covered[i]); it != extras.end()) {
         call.extras[i] = it->second;
-        call.extras_batched[i] = b.check("cotangent", covered[i], call.extras[i],
-                                         m.output_base_shapes[m.vjp_cotangents[i]], m.dtype, true);
+        b.check("cotangent", covered[i], call.extras[i], m.output_base_shapes[m.vjp_cotangents[i]],
+                m.dtype, true);
       }
   } else if (!extras.empty())
     throw FatalError("internal: extras given to an operation that takes none");
@@ -526,8 +504,8 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
     break;
   case Operation::param_vjp:
     for (auto p : m.vjp_params)
-      call.own_slots.push_back({call.params_batched[p] ? detail::Gather::rows : detail::Gather::sum,
-                                specs[p].base_shape});
+      call.own_slots.push_back(
+          {params_batched[p] ? detail::Gather::rows : detail::Gather::sum, specs[p].base_shape});
     break;
   }
   return call;

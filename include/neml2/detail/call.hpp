@@ -39,15 +39,14 @@ struct ResultSlot {
 
 /// A validated call: tensors in graph-independent positional order (inputs in master
 /// order, parameters in Artifact::parameters order, extras = tangents in master input
-/// order or cotangents in param_vjp_outputs order). Each tensor is either batched,
-/// `(batch, *trailing)`, or unbatched, `(*trailing)`, as flagged; an undefined extra
-/// stands for zero. No tensor has been copied or moved.
+/// order or cotangents in param_vjp_outputs order). Every tensor has a leading axis: the
+/// batch, or 1 to broadcast to every row. An undefined extra stands for zero. No data has
+/// been copied or moved.
 struct BoundCall {
   std::int64_t batch = 1;
   bool batched = false;           ///< false when nothing carried a batch axis: results drop it
   c10::Device device = c10::kCPU; ///< where the inputs live, and the results go
   std::vector<at::Tensor> inputs, params, extras;
-  std::vector<bool> inputs_batched, params_batched, extras_batched;
 
   /// How each result of the operation gathers (shared by all calls, or this call's own).
   [[nodiscard]] const std::vector<ResultSlot>& slots() const {

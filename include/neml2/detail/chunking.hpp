@@ -13,52 +13,54 @@
 
 namespace neml2::detail {
 
-/// One tensor's rows [first, first + rows) on `device`, `(rows, *trailing)`, contiguous.
-/// Unbatched tensors are broadcast; batched ones narrowed (a view) then moved.
-inline at::Tensor take_rows(const at::Tensor& t, bool batched, std::int64_t first,
-                            std::int64_t rows, c10::Device device) {
+/// One tensor's rows [first, first + rows) on `device`, `(rows, *trailing)`, contiguous:
+/// a leading size of 1 is broadcast, anything else narrowed (a view) then moved.
+inline at::Tensor take_rows(const at::Tensor& t, std::int64_t first, std::int64_t rows,
+                            c10::Device device) {
   if (!t.defined())
     return t;
   const auto on_device = [&](const at::Tensor& x) {
     return x.device() == device ? x : x.to(device); // to() costs a dispatch even when a no-op
   };
-  if (batched)
-    return on_device(t.size(0) == rows ? t : t.narrow(0, first, rows)).contiguous();
-  auto sizes = t.sizes().vec();
-  sizes.insert(sizes.begin(), rows);
-  return on_device(t).expand(sizes).contiguous();
+  if (t.size(0) == rows)
+    return on_device(t).contiguous();
+  if (t.size(0) == 1) {
+    auto sizes = t.sizes().vec();
+    sizes[0] = rows;
+    return on_device(t).expand(sizes).contiguous();
+  }
+  return on_device(t.narrow(0, first, rows)).contiguous();
 }
 
-inline void take_rows(const std::vector<at::Tensor>& from, const std::vector<bool>& batched,
-                      std::int64_t first, std::int64_t rows, c10::Device device,
-                      std::vector<at::Tensor>& to) {
+inline void take_rows(const std::vector<at::Tensor>& from, std::int64_t first, std::int64_t rows,
+                      c10::Device device, std::vector<at::Tensor>& to) {
   to.clear();
   to.reserve(from.size());
-  for (std::size_t i = 0; i < from.size(); ++i)
-    to.push_back(take_rows(from[i], batched[i], first, rows, device));
+  for (const auto& t : from)
+    to.push_back(take_rows(t, first, rows, device));
 }
 
 /// Rows [first, first + rows) of a call as one chunk's arguments on `device`.
 inline void take_rows(const BoundCall& call, std::int64_t first, std::int64_t rows,
                       c10::Device device, ChunkArgs& chunk) {
   chunk.rows = rows;
-  take_rows(call.inputs, call.inputs_batched, first, rows, device, chunk.inputs);
-  take_rows(call.params, call.params_batched, first, rows, device, chunk.params);
-  take_rows(call.extras, call.extras_batched, first, rows, device, chunk.extras);
+  take_rows(call.inputs, first, rows, device, chunk.inputs);
+  take_rows(call.params, first, rows, device, chunk.params);
+  take_rows(call.extras, first, rows, device, chunk.extras);
 }
 
 /// The whole call as one chunk, reusing its tensor lists: nothing is copied for batched
 /// tensors already on `device` (the call's tensors are moved out).
 inline void take_all(BoundCall& call, c10::Device device, ChunkArgs& chunk) {
-  const auto whole = [&](std::vector<at::Tensor>& tensors, const std::vector<bool>& batched) {
-    for (std::size_t i = 0; i < tensors.size(); ++i)
-      tensors[i] = take_rows(tensors[i], batched[i], 0, call.batch, device);
+  const auto whole = [&](std::vector<at::Tensor>& tensors) {
+    for (auto& t : tensors)
+      t = take_rows(t, 0, call.batch, device);
     return std::move(tensors);
   };
   chunk.rows = call.batch;
-  chunk.inputs = whole(call.inputs, call.inputs_batched);
-  chunk.params = whole(call.params, call.params_batched);
-  chunk.extras = whole(call.extras, call.extras_batched);
+  chunk.inputs = whole(call.inputs);
+  chunk.params = whole(call.params);
+  chunk.extras = whole(call.extras);
 }
 
 /// The results of a call run as one chunk: sums taken, and the batch axis dropped when
