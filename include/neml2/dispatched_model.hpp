@@ -128,7 +128,7 @@ private:
 
   Policy _policy;
   Session _session;
-  c10::Device _compute_device;
+  c10::Device _compute_device; // _session.device(), converted once rather than per call
 };
 
 /// Loads `name` from a stub (or an artifact root) and runs whole batches on the CPU.
