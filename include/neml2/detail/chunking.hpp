@@ -63,17 +63,17 @@ inline void take_all(BoundCall& call, c10::Device device, ChunkArgs& chunk) {
   chunk.extras = whole(call.extras);
 }
 
-/// The results of a call run as one chunk: sums taken, and the batch axis dropped when
-/// the call had none.
+/// Result `i` without its batch axis when nothing in the call had one.
+inline at::Tensor as_called(const BoundCall& call, std::size_t i, const at::Tensor& result) {
+  return call.slots()[i].gather == Gather::rows && !call.batched ? result.squeeze(0) : result;
+}
+
+/// The results of a call run as one chunk: sums taken, batch axis as called.
 inline std::vector<at::Tensor> finish_whole(const BoundCall& call,
                                             std::vector<at::Tensor> results) {
-  for (std::size_t i = 0; i < results.size(); ++i) {
-    const auto gather = call.slots()[i].gather;
-    if (gather == Gather::sum)
-      results[i] = results[i].sum(0);
-    else if (gather == Gather::rows && !call.batched)
-      results[i] = results[i].squeeze(0);
-  }
+  for (std::size_t i = 0; i < results.size(); ++i)
+    results[i] =
+        call.slots()[i].gather == Gather::sum ? results[i].sum(0) : as_called(call, i, results[i]);
   return results;
 }
 
@@ -114,11 +114,8 @@ public:
   }
 
   [[nodiscard]] std::vector<at::Tensor> finish() && {
-    for (std::size_t i = 0; i < _results.size(); ++i) {
-      _results[i] = _results[i].to(_call.device);
-      if (_call.slots()[i].gather == Gather::rows && !_call.batched)
-        _results[i] = _results[i].squeeze(0);
-    }
+    for (std::size_t i = 0; i < _results.size(); ++i)
+      _results[i] = as_called(_call, i, _results[i].to(_call.device));
     return std::move(_results);
   }
 
