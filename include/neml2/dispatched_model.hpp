@@ -107,8 +107,9 @@ private:
       const auto batch = call.batch;
       auto rows = static_cast<std::int64_t>(_policy.chunk_rows(batch));
       if (rows < 0)
-        throw FatalError("the dispatch policy asked for " + std::to_string(rows) +
-                         " rows per chunk; chunk_rows() must return >= 0");
+        throw FatalError("the dispatch policy's chunk_rows(" + std::to_string(batch) +
+                         ") returned " + std::to_string(rows) +
+                         "; chunk_rows() must return >= 0 (rows per chunk; 0 = the whole batch)");
       rows = rows == 0 ? batch : std::min(rows, batch);
 
       detail::ChunkArgs chunk;
