@@ -4,11 +4,16 @@
 /// @brief The library's one error family: everything that leaves a public call is a
 /// neml2::Exception, and recoverable() tells a time-stepping host whether to retry.
 
+#include <cstdint>
 #include <exception>
+#include <limits>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <ATen/core/Tensor.h>
 
 namespace neml2 {
 
@@ -38,10 +43,55 @@ public:
 };
 
 /// @brief A nonlinear solve diverged or hit its iteration cap: cut the step and retry.
+///
+/// When the failure is per row (an implicit model), it says which rows converged and
+/// carries their results, so a host can cut the step only where needed:
+/// @code
+/// catch (const neml2::ConvergenceError & e) {
+///   auto failed = e.converged_mask().logical_not();   // (B,) on the input device
+///   auto stress = e.outputs().at("stress");           // converged rows valid, failed rows NaN
+/// }
+/// @endcode
 class ConvergenceError : public Exception {
 public:
   explicit ConvergenceError(const std::string& message)
       : Exception(message, true) {}
+
+  /// Per-row form: `converged` is a `(B,)` bool mask over the call's rows, `results` the
+  /// operation's positional results (detail::ResultSlot order) with the converged rows
+  /// filled, `outputs` the same as the public map of outputs (may be empty inside the
+  /// library, where only positional results are known).
+  ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
+                   std::vector<at::Tensor> results,
+                   std::map<std::string, at::Tensor> outputs = {})
+      : Exception(message, true)
+      , _converged(std::move(converged))
+      , _worst_residual(worst_residual)
+      , _results(std::move(results))
+      , _outputs(std::move(outputs)) {}
+
+  /// True when the error says which rows failed (see converged_mask()).
+  [[nodiscard]] bool per_row() const noexcept { return _converged.defined(); }
+  /// `(B,)` bool: true where the row converged. Undefined when not per_row().
+  [[nodiscard]] const at::Tensor& converged_mask() const noexcept { return _converged; }
+  /// How many rows did not converge (0 when not per_row()).
+  [[nodiscard]] std::int64_t failed_rows() const {
+    return per_row() ? _converged.numel() - _converged.sum().item<std::int64_t>() : 0;
+  }
+  /// The largest residual norm among the failed rows (NaN when one was not finite).
+  [[nodiscard]] double worst_residual() const noexcept { return _worst_residual; }
+  /// The outputs by name: converged rows hold their results, failed rows NaN.
+  [[nodiscard]] const std::map<std::string, at::Tensor>& outputs() const noexcept {
+    return _outputs;
+  }
+  /// The operation's results in positional order (for dispatchers that merge chunks).
+  [[nodiscard]] const std::vector<at::Tensor>& results() const noexcept { return _results; }
+
+private:
+  at::Tensor _converged;
+  double _worst_residual = std::numeric_limits<double>::quiet_NaN();
+  std::vector<at::Tensor> _results;
+  std::map<std::string, at::Tensor> _outputs;
 };
 
 /// @brief Several errors at once (concurrent chunks); recoverable only if all are.
