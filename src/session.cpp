@@ -16,6 +16,8 @@
 #include <neml2/detail/chunking.hpp>
 #include <neml2/session.hpp>
 
+#include "segment_chain.hpp"
+
 namespace fs = std::filesystem;
 
 namespace neml2 {
@@ -135,7 +137,8 @@ struct Session::Impl {
   c10::Device torch_device = c10::kCPU;
   c10::ScalarType dtype;
   fs::path leaf;
-  const ForwardSegment* segment = nullptr;
+  const ForwardSegment* segment = nullptr;     // a single forward segment, called directly
+  std::unique_ptr<detail::SegmentChain> chain; // anything else: segments in order, Newton
   Graph value_graph, jvp_graph, param_jacobian_graph, param_vjp_graph;
 
   // Public names and shapes, master order.
@@ -208,6 +211,31 @@ struct Session::Impl {
     return block.expand(sizes);
   }
 
+  // A composed model: the chain runs its segments; Jacobian blocks are the `derivatives`.
+  void make_chain() {
+    chain = std::make_unique<detail::SegmentChain>(
+        *artifact, [this](const std::string& package, const char* listed_as) -> detail::GraphFn {
+          auto graph =
+              std::make_shared<Graph>(load_graph(leaf, package, torch_device, dtype, listed_as));
+          if (!*graph)
+            return {};
+          // Graphs read their inputs as dense row-major arrays, but results of graphs can
+          // come back column-major (J2's flow direction has strides (1, B)).
+          return [this, graph](const std::vector<at::Tensor>& args) {
+            std::vector<at::Tensor> dense;
+            dense.reserve(args.size());
+            for (const auto& t : args)
+              dense.push_back(t.is_contiguous() ? t : t.contiguous());
+            return call(*graph, dense);
+          };
+        });
+    for (const auto& [o, i] : chain->jacobian_blocks()) {
+      jacobian_blocks.push_back({o, i});
+      jacobian_slots.push_back(
+          {detail::Gather::rows, concat({&output_base_shapes[o], &input_base_shapes[i]})});
+    }
+  }
+
   void require(bool has_graph, const char* op, const std::string& fix) const {
     if (!has_graph)
       throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
@@ -227,8 +255,6 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
       detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
   m.device = Device(m.torch_device);
   const auto& a = *m.artifact;
-  m.segment = &a.segments.front();
-  const auto& seg = *m.segment;
 
   for (const auto& v : a.inputs) {
     m.input_index[v.name] = m.input_names.size();
@@ -248,6 +274,22 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     const auto values = at::tensor(p.values, at::kDouble).reshape(p.shape);
     m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
   }
+
+  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there).
+  std::vector<std::int64_t> sub_batch;
+  for (const auto& v : a.inputs)
+    sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
+  for (const auto& s : m.output_base_shapes)
+    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
+  m.jvp_slots = m.forward_slots;
+  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
+  m.jacobian_slots = m.forward_slots;
+  if (!a.single_forward()) {
+    m.make_chain();
+    return;
+  }
+  m.segment = &std::get<ForwardSegment>(a.segments.front());
+  const auto& seg = *m.segment;
 
   const auto position = [&](const std::map<std::string, std::size_t>& index,
                             const std::string& name, const char* what) {
@@ -283,15 +325,6 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   for (const auto& n : seg.param_vjp_outputs)
     m.vjp_cotangents.push_back(position(m.output_index, n, "output"));
 
-  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there).
-  std::vector<std::int64_t> sub_batch;
-  for (const auto& v : a.inputs)
-    sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
-  for (const auto& s : m.output_base_shapes)
-    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
-  m.jvp_slots = m.forward_slots;
-  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
-  m.jacobian_slots = m.forward_slots;
   for (const auto& p : seg.jacobian_pairs)
     m.jacobian_slots.push_back(
         {p.batch_independent ? detail::Gather::shared : detail::Gather::rows,
@@ -409,14 +442,14 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
   switch (op) {
   case Operation::jvp:
   case Operation::jacobian:
-    m.require(bool(m.jvp_graph), op == Operation::jvp ? "jvp" : "jacobian",
-              "-d OUT:IN (or -d : for every pair)");
+    m.require(m.chain ? m.chain->has_input_derivatives() : bool(m.jvp_graph),
+              op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
     break;
   case Operation::param_jacobian:
-    m.require(bool(m.param_jacobian_graph), "param_jacobian", "-p PARAM -d OUT:PARAM");
+    m.require(bool(m.param_jacobian_graph) || m.chain, "param_jacobian", "-p PARAM -d OUT:PARAM");
     break;
   case Operation::param_vjp:
-    m.require(bool(m.param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
+    m.require(bool(m.param_vjp_graph) || m.chain, "param_vjp", "-p PARAM -d OUT:PARAM");
     break;
   case Operation::forward:
     break;
@@ -515,6 +548,8 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
 
 std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) const {
   const auto& m = *_impl;
+  if (m.chain)
+    return m.chain->run(op, chunk);
   switch (op) {
   case Operation::forward: {
     auto results = m.run_graph(m.value_graph, chunk);
@@ -646,8 +681,31 @@ std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs
       return detail::Gatherer(call, _impl->dtype).finish();
     detail::ChunkArgs chunk;
     detail::take_all(call, _impl->torch_device, chunk);
-    return detail::finish_whole(call, run(op, chunk));
+    try {
+      return detail::finish_whole(call, run(op, chunk));
+    } catch (const ConvergenceError& e) {
+      if (!e.per_row())
+        throw;
+      auto results = detail::finish_whole(call, e.results());
+      auto outputs = forward_result(std::vector<at::Tensor>(
+          results.begin(), results.begin() + static_cast<std::ptrdiff_t>(output_names().size())));
+      throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), std::move(results),
+                             std::move(outputs));
+    }
   });
+}
+
+const SolverConfig& Session::solver_config() const {
+  if (!_impl->chain || !_impl->artifact->solver_config)
+    throw FatalError(fmt::format("solver_config(): artifact '{}' has no implicit segment, so "
+                                 "no Newton solve to configure",
+                                 _impl->artifact->root.string()));
+  return _impl->chain->solver_config();
+}
+
+void Session::set_solver_config(const SolverConfig& config) {
+  static_cast<void>(solver_config()); // the same error for a model without a solve
+  _impl->chain->set_solver_config(config);
 }
 
 TensorMap Session::forward(const TensorMap& inputs) const {
