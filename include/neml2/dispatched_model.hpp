@@ -130,6 +130,13 @@ private:
   Policy _policy;
   Session _session;
   c10::Device _compute_device; // _session.device(), converted once rather than per call
+
+public:
+  /// @name Newton settings of an implicit model (see Session::solver_config).
+  ///@{
+  [[nodiscard]] const SolverConfig& solver_config() const { return _session.solver_config(); }
+  void set_solver_config(const SolverConfig& config) { _session.set_solver_config(config); }
+  ///@}
 };
 
 /// Loads `name` from a stub (or an artifact root) and runs whole batches on the CPU.
