@@ -354,9 +354,9 @@ SolverConfig read_solver_config(const json& c, const JsonReader& r) {
   if (config.solver_kind != "direct")
     unsupported(r, f, fmt::format("solver_kind '{}'", config.solver_kind),
                 "compile the model with a direct linear solver (DenseLU)");
-  if (config.ls_max_iters > 1)
-    unsupported(r, f, fmt::format("a line search (ls_max_iters = {})", config.ls_max_iters),
-                "compile the model with a Newton solver without line search");
+  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
+    unsupported(r, f, fmt::format("a '{}' line search", config.ls_type),
+                "use linesearch_type = BACKTRACKING (or no line search)");
   return config;
 }
 

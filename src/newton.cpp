@@ -93,6 +93,29 @@ void compact(WorkingSet& w, BatchState& batch) {
   w.update_active();
 }
 
+// Backtracking per row: the largest alpha in 1, 1/cutback, ... (at most ls_max_iters
+// tries) with ||r(u + alpha du)||^2 <= (1 - 2 c alpha) ||r(u)||^2, the sufficient decrease
+// of ||r||^2 / 2 along the Newton direction (whose slope there is -||r||^2). A row that
+// never meets it takes the last alpha tried. Rows that are not iterating keep alpha = 1.
+at::Tensor backtrack(const NewtonGraphs& graphs, const WorkingSet& w,
+                     const std::vector<at::Tensor>& du, const std::vector<at::Tensor>& params,
+                     const SolverConfig& config) {
+  auto alpha = at::ones({w.rows()}, w.norm.options());
+  const auto r2 = w.norm.square();
+  auto settled = ~w.active;
+  for (std::int64_t i = 0; i < config.ls_max_iters; ++i) {
+    std::vector<at::Tensor> trial;
+    for (std::size_t k = 0; k < w.u.size(); ++k)
+      trial.push_back(w.u[k] + alpha.unsqueeze(1) * du[k].reshape(w.u[k].sizes()));
+    const auto norm = row_norm(graphs.residual(graph_args(trial, w.givens, params)), 0);
+    settled = settled | (norm.square() <= (1 - 2 * config.ls_c * alpha) * r2);
+    if (settled.all().item<bool>() || i + 1 == config.ls_max_iters)
+      break;
+    alpha = at::where(settled, alpha, alpha / config.ls_cutback);
+  }
+  return alpha;
+}
+
 bool worth_compacting(const WorkingSet& w, double compact_below) {
   return w.n_active > 0 && w.n_active < w.rows() &&
          static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
@@ -120,7 +143,12 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
     w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
   }
   for (std::int64_t it = 1; it < config.miters && w.n_active > 0; ++it) {
-    const auto du = graphs.solve(w.jacobian);
+    auto du = graphs.solve(w.jacobian);
+    if (config.ls_max_iters > 1) {
+      const auto alpha = backtrack(graphs, w, du, params, config).unsqueeze(1);
+      for (auto& d : du)
+        d = alpha * d.reshape({d.size(0), -1});
+    }
     const auto moving = w.active.unsqueeze(1);
     for (std::size_t k = 0; k < w.u.size(); ++k)
       w.u[k] = at::where(moving, w.u[k] + du[k].reshape(w.u[k].sizes()), w.u[k]);

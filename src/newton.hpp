@@ -39,6 +39,7 @@ struct NewtonResult {
 /// are never updated again, so each row's result depends on that row alone. Rows still
 /// iterating are compacted into a dense batch once they are at most
 /// `config.compact_below` of the working set; until then the others ride along, masked.
+/// With `ls_max_iters > 1`, each row backtracks along its Newton step (BACKTRACKING).
 [[nodiscard]] NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                                         const std::vector<at::Tensor>& givens,
                                         const std::vector<at::Tensor>& params,

@@ -4,6 +4,7 @@
 
 #include "segment_chain.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -137,6 +138,14 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
   }
 }
 
+bool SegmentChain::solves_with_parameter(std::size_t p) const {
+  for (const auto& step : _steps)
+    if (const auto* s = std::get_if<ImplicitStep>(&step))
+      if (std::find(s->params.begin(), s->params.end(), p) != s->params.end())
+        return true;
+  return false;
+}
+
 void SegmentChain::set_solver_config(const SolverConfig& config) {
   const auto fail = [](const std::string& field, const std::string& what) {
     throw FatalError(fmt::format("set_solver_config: {} {}", field, what));
@@ -151,10 +160,12 @@ void SegmentChain::set_solver_config(const SolverConfig& config) {
   if (config.ls_max_iters < 1)
     fail("ls_max_iters",
          fmt::format("is {}; it must be >= 1 (1 = no line search)", config.ls_max_iters));
-  if (config.ls_max_iters > 1)
-    fail("ls_max_iters", fmt::format("is {}: line search is not supported by neml2-dispatch yet; "
-                                     "set ls_max_iters = 1 (full Newton steps)",
-                                     config.ls_max_iters));
+  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
+    fail("ls_type", fmt::format("is '{}': only BACKTRACKING line search runs here (a strong "
+                                "Wolfe search is not supported yet)",
+                                config.ls_type));
+  if (config.ls_max_iters > 1 && !(config.ls_cutback > 1))
+    fail("ls_cutback", fmt::format("is {}; it must be > 1", config.ls_cutback));
   if (config.solver_kind != "direct")
     fail("solver_kind", fmt::format("is '{}'; only 'direct' runs here", config.solver_kind));
   if (!(config.compact_below >= 0 && config.compact_below <= 1))

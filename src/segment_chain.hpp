@@ -39,6 +39,10 @@ public:
     return _jacobian_blocks;
   }
 
+  /// Whether an implicit segment's graphs take parameter `p` (Artifact::parameters index):
+  /// they take one stored value for every row, so it cannot be batched.
+  [[nodiscard]] bool solves_with_parameter(std::size_t p) const;
+
   [[nodiscard]] const SolverConfig& solver_config() const noexcept { return _config; }
   void set_solver_config(const SolverConfig& config);
 

@@ -483,6 +483,13 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
     call.params[i] = it->second;
     params_batched[i] = b.check("parameter", specs[i].public_name, call.params[i],
                                 specs[i].base_shape, specs[i].dtype.value_or(m.dtype), false);
+    if (m.chain && params_batched[i] && m.chain->solves_with_parameter(i))
+      throw FatalError(fmt::format("parameter '{}' has one value per row, but an implicit "
+                                   "segment of '{}' takes it as one value for every row; give it "
+                                   "shape ({}) or load an artifact where it stays outside the "
+                                   "solve",
+                                   specs[i].public_name, m.artifact->root.string(),
+                                   fmt::join(specs[i].base_shape, ", ")));
   }
   if (params.size() != specs.size())
     for (const auto& [name, t] : params)

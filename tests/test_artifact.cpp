@@ -256,7 +256,8 @@ TEST_CASE("implicit features not run here are refused at load, naming the featur
   CHECK_NOTHROW(static_cast<void>(read_artifact(root)));
   const auto rewrite = metadata_rewriter(root);
   const std::array<std::array<std::string, 3>, 4> refused = {{
-      {"\"ls_max_iters\": 1", "\"ls_max_iters\": 5", "a line search (ls_max_iters = 5)"},
+      {"\"ls_type\": \"BACKTRACKING\",\n    \"ls_max_iters\": 1",
+       "\"ls_type\": \"STRONG_WOLFE\", \"ls_max_iters\": 5", "a 'STRONG_WOLFE' line search"},
       {"\"solver_kind\": \"direct\"", "\"solver_kind\": \"krylov\"",
        "solver_kind 'krylov', which neml2-dispatch does not support yet"},
       {"\"max_substepping_level\": 0", "\"max_substepping_level\": 3",

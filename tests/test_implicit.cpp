@@ -15,8 +15,10 @@ struct Case {
   const char* artifact;
   int steps;
 };
-constexpr Case implicit_models[] = {
-    {"scalar_backward_euler", 4}, {"j2_radial_return", 5}, {"perzyna_viscoplasticity", 5}};
+constexpr Case implicit_models[] = {{"scalar_backward_euler", 4},
+                                    {"j2_radial_return", 5},
+                                    {"perzyna_viscoplasticity", 5},
+                                    {"chaboche_viscoplasticity", 5}};
 
 Session session(const std::string& artifact) {
   return {std::make_shared<const Artifact>(
@@ -285,8 +287,10 @@ TEST_CASE("solver settings: read, changed, checked") {
   CHECK(contains(test::fatal_message([&] { s.set_solver_config(config); }), "miters is 0"));
   config.miters = 25;
   config.ls_max_iters = 4;
+  config.ls_type = "STRONG_WOLFE";
   CHECK(contains(test::fatal_message([&] { s.set_solver_config(config); }),
-                 "line search is not supported"));
+                 "only BACKTRACKING line search runs here"));
+  config.ls_type = "BACKTRACKING";
   config.ls_max_iters = 1;
   config.rtol = -1;
   CHECK(contains(test::fatal_message([&] { s.set_solver_config(config); }), "rtol"));
@@ -297,4 +301,44 @@ TEST_CASE("solver settings: read, changed, checked") {
                         "cpu");
   CHECK(contains(test::fatal_message([&] { static_cast<void>(forward.solver_config()); }),
                  "no implicit segment"));
+}
+
+TEST_CASE("a promoted parameter inside the residual: one stored value for every row") {
+  // -p residual.square.scaling -d x:residual.square.scaling: x' = a - s x^2.
+  auto s = session("scalar_backward_euler_params");
+  REQUIRE(s.named_parameters().count("residual.square.scaling"));
+  const double scaling = 2.0, dt = 0.1, x_old = 0.5;
+  s.set_parameter("residual.square.scaling", at::full({}, scaling, at::kDouble));
+  const auto inputs = scalar_inputs({1.0, 2.0, 0.3});
+  // The positive root of x + dt s x^2 = x~1 + dt a.
+  const auto expected =
+      (at::sqrt(1 + 4 * dt * scaling * (x_old + dt * inputs.at("a"))) - 1) / (2 * dt * scaling);
+  test::check_close(s.forward(inputs).at("x"), expected, "analytic x", 1e-8);
+
+  s.set_parameter("residual.square.scaling", at::full({3}, scaling, at::kDouble));
+  CHECK(contains(test::fatal_message([&] { static_cast<void>(s.forward(inputs)); }),
+                 "has one value per row, but an implicit segment"));
+  s.set_parameter("residual.square.scaling", at::full({}, scaling, at::kDouble));
+  CHECK(contains(test::fatal_message([&] { static_cast<void>(s.param_jacobian(inputs)); }),
+                 "parameter derivatives of a composed (multi-segment or implicit) model are not "
+                 "supported"));
+}
+
+TEST_CASE("backtracking line search, per row: the same solutions, rows still independent") {
+  for (const char* artifact : {"perzyna_viscoplasticity", "chaboche_viscoplasticity"}) {
+    CAPTURE(artifact);
+    const test::Reference ref(artifact);
+    const auto inputs = ref.group("s4/in");
+    auto s = session(artifact);
+    auto config = s.solver_config();
+    config.ls_max_iters = 10;
+    config.ls_c = 1e-3;
+    s.set_solver_config(config);
+    const auto together = s.forward(inputs);
+    test::check_close(together, ref.group("s4/out"), "with line search", 1e-8);
+    const auto last = inputs.at("E").size(0) - 1;
+    const auto alone = s.forward(rows_of(inputs, at::tensor({last}, at::kLong)));
+    for (const auto& [name, value] : together)
+      test::check_close(alone.at(name), value.narrow(0, last, 1), "alone " + name, 1e-13);
+  }
 }
