@@ -116,6 +116,9 @@ at::Tensor backtrack(const NewtonGraphs& graphs, const WorkingSet& w,
   return alpha;
 }
 
+// Up to this many rows, Newton starts from the jacobian graph (see newton_solve).
+constexpr std::int64_t small_batch = 64;
+
 bool worth_compacting(const WorkingSet& w, double compact_below) {
   return w.n_active > 0 && w.n_active < w.rows() &&
          static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
@@ -129,7 +132,15 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
   WorkingSet w;
   w.u = std::move(u0);
   w.givens = givens;
-  w.norm = row_norm(graphs.residual(graph_args(w.u, w.givens, params)), 0);
+  // The first residual: from the residual graph on large batches (converged rows never
+  // need A, and the rest may be compacted first); on small ones from the jacobian graph,
+  // one call instead of two when a row iterates.
+  const auto rows = w.u.front().size(0);
+  if (rows <= small_batch) {
+    w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
+    w.norm = row_norm(w.jacobian, graphs.a_blocks);
+  } else
+    w.norm = row_norm(graphs.residual(graph_args(w.u, w.givens, params)), 0);
   w.r0 = w.norm;
   w.converged = w.norm < config.atol;
   w.failed = ~at::isfinite(w.norm);
@@ -140,7 +151,8 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
   if (w.n_active > 0) {
     if (worth_compacting(w, config.compact_below))
       compact(w, batch);
-    w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
+    if (w.jacobian.empty())
+      w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
   }
   for (std::int64_t it = 1; it < config.miters && w.n_active > 0; ++it) {
     auto du = graphs.solve(w.jacobian);
@@ -149,18 +161,27 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
       for (auto& d : du)
         d = alpha * d.reshape({d.size(0), -1});
     }
+    // Every row of the working set iterating (the common case at small batches): no masks.
+    const bool all_active = w.n_active == w.rows();
     const auto moving = w.active.unsqueeze(1);
-    for (std::size_t k = 0; k < w.u.size(); ++k)
-      w.u[k] = at::where(moving, w.u[k] + du[k].reshape(w.u[k].sizes()), w.u[k]);
+    for (std::size_t k = 0; k < w.u.size(); ++k) {
+      const auto next = w.u[k] + du[k].reshape(w.u[k].sizes());
+      w.u[k] = all_active ? next : at::where(moving, next, w.u[k]);
+    }
     // The jacobian graph also returns b = -r at the new iterate: one call checks
     // convergence and prepares the next step.
     w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
     const auto norm = row_norm(w.jacobian, graphs.a_blocks);
-    const auto now_converged = w.active & ((norm < config.atol) | (norm < config.rtol * w.r0));
-    const auto now_failed = w.active & ~at::isfinite(norm);
-    w.norm = at::where(w.active, norm, w.norm);
-    w.converged = w.converged | now_converged;
-    w.failed = w.failed | now_failed;
+    const auto converged = (norm < config.atol) | (norm < config.rtol * w.r0);
+    if (all_active) {
+      w.norm = norm;
+      w.converged = converged;
+      w.failed = ~at::isfinite(norm);
+    } else {
+      w.norm = at::where(w.active, norm, w.norm);
+      w.converged = w.converged | (w.active & converged);
+      w.failed = w.failed | (w.active & ~at::isfinite(norm));
+    }
     w.update_active();
     result.iterations = it;
     if (worth_compacting(w, config.compact_below))
