@@ -3,9 +3,9 @@
 // rest elastic, converged before any Newton update).
 //
 // Cases are NAME/BATCH/PLASTIC_PERCENT. `dispatched` uses the artifact's solver settings
-// (active set compacted at half the working set); `compact_never` evaluates every row to
-// the end (masked, as a whole-batch solver does) and `compact_always` compacts whenever a
-// row converges: the two bounds that set the default threshold (docs/performance.md).
+// (the working set compacted once at most half of it iterates); `compact_never` evaluates every row
+// to the end (masked, as a whole-batch solver does) and `compact_always` compacts whenever a row
+// converges: the two bounds that set the default threshold (docs/performance.md).
 
 #include <filesystem>
 
