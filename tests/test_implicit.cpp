@@ -342,3 +342,25 @@ TEST_CASE("backtracking line search, per row: the same solutions, rows still ind
       test::check_close(alone.at(name), value.narrow(0, last, 1), "alone " + name, 1e-13);
   }
 }
+
+TEST_CASE("implicit models through DispatchedModel: chunked Jacobians, batch 0, no batch axis") {
+  const test::Reference ref("j2_radial_return");
+  const auto inputs = ref.group("s3/in");
+  const auto [whole_out, whole_J] = session("j2_radial_return").jacobian(inputs);
+  const auto m = load_model(test::stub("j2_radial_return", "model"), "model",
+                            SyncChunking{.device = "cpu", .batch_size = 7});
+  const auto [out, J] = m.jacobian(inputs);
+  test::check_close(out, whole_out, "chunked outputs", 1e-13);
+  for (const auto& [o, blocks] : whole_J)
+    test::check_close(J.at(o), blocks, "chunked d" + o, 1e-13);
+
+  test::check_empty_batch(m, true);
+
+  // One point without a batch axis: results without one, the same numbers as row 5.
+  TensorMap point;
+  for (const auto& [name, value] : inputs)
+    point.emplace(name, value[5]);
+  const auto single = m.forward(point);
+  for (const auto& [name, value] : whole_out)
+    test::check_close(single.at(name), value[5], "unbatched " + name, 1e-13);
+}
