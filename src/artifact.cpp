@@ -336,6 +336,17 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
            r.get_or<std::int64_t>(p, "row_offset", f, 0),
            r.get_or<std::int64_t>(p, "col_offset", f, 0)});
     });
+  seg.dr_dparam_package = r.get_or<std::string>(s, "dr_dparam_package", field, "");
+  seg.solve_param_package = r.get_or<std::string>(s, "solve_param_package", field, "");
+  if (!seg.dr_dparam_package.empty() && seg.solve_param_package.empty())
+    unsupported(r, field, "an iterative parameter sensitivity solve (no solve_param_package)",
+                "compile the model with a direct linear solver");
+  if (!seg.dr_dparam_package.empty())
+    each_entry(s, "param_jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
+      seg.param_jacobian_pairs.push_back(
+          {r.get<std::string>(p, "out_var", f), r.get<std::string>(p, "param", f),
+           r.get<Shape>(p, "out_base_shape", f), r.get<Shape>(p, "param_base_shape", f)});
+    });
   return seg;
 }
 
@@ -478,10 +489,14 @@ Artifact read_artifact(const fs::path& root) {
   }
   if (a.segments.empty())
     r.fail("segments", "empty");
-  if (meta.contains("derivatives"))
-    for (const auto& pair : r.get<std::vector<std::vector<std::string>>>(meta, "derivatives", ""))
+  for (const auto* key : {"derivatives", "parameter_derivatives"}) {
+    if (!meta.contains(key))
+      continue;
+    auto& pairs = std::string(key) == "derivatives" ? a.derivatives : a.parameter_derivatives;
+    for (const auto& pair : r.get<std::vector<std::vector<std::string>>>(meta, key, ""))
       if (pair.size() == 2)
-        a.derivatives.emplace_back(pair[0], pair[1]);
+        pairs.emplace_back(pair[0], pair[1]);
+  }
   if (meta.contains("solver_config"))
     a.solver_config = read_solver_config(meta["solver_config"], r);
   return a;

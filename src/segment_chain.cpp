@@ -46,7 +46,9 @@ void accumulate(std::vector<at::Tensor>& target, const at::Tensor& block,
 
 struct SegmentChain::State {
   std::int64_t rows = 0;
-  bool track = false; // chain the derivatives with respect to the model's inputs
+  bool track = false;  // chain the derivatives with respect to the model's inputs
+  bool params = false; // ... and its parameters (columns after the inputs')
+  std::size_t columns = 0;
   std::map<std::string, at::Tensor> values;
   std::map<std::string, std::vector<at::Tensor>> derivatives; // (rows, n_var, n_input)
   at::Tensor converged;                                       // (rows,) once a solve ran
@@ -77,7 +79,8 @@ struct SegmentChain::State {
 SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     : _artifact(artifact)
     , _config(artifact.solver_config.value_or(SolverConfig{})) {
-  std::map<std::string, std::size_t> param_index, input_index, output_index;
+  auto& param_index = _param_index;
+  std::map<std::string, std::size_t> input_index, output_index;
   for (std::size_t p = 0; p < artifact.parameters.size(); ++p)
     param_index[artifact.parameters[p].name] = p;
   for (std::size_t i = 0; i < artifact.inputs.size(); ++i) {
@@ -104,10 +107,12 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
 
   for (const auto& segment : artifact.segments) {
     if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
-      _steps.emplace_back(ForwardStep{f, load(f->package, "package"),
-                                      load(f->jvp_package, "jvp_package"),
-                                      params_of(f->param_inputs)});
+      _steps.emplace_back(ForwardStep{
+          f, load(f->package, "package"), load(f->jvp_package, "jvp_package"),
+          load(f->param_jacobian_package, "param_jacobian_package"), params_of(f->param_inputs)});
       _has_input_derivatives = _has_input_derivatives && !f->jvp_package.empty();
+      _has_param_derivatives = _has_param_derivatives && !f->jvp_package.empty() &&
+                               (f->param_inputs.empty() || !f->param_jacobian_package.empty());
       continue;
     }
     const auto& s = std::get<ImplicitSegment>(segment);
@@ -122,7 +127,11 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     step.predictor = load(s.predictor_package, "predictor_package");
     step.jacobian_given = load(s.jacobian_given_package, "jacobian_given_package");
     step.solve_ift = load(s.solve_ift_package, "solve_ift_package");
+    step.dr_dparam = load(s.dr_dparam_package, "dr_dparam_package");
+    step.solve_param = load(s.solve_param_package, "solve_param_package");
     _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
+    _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
+                             (s.param_inputs.empty() || step.solve_param);
     _steps.emplace_back(std::move(step));
   }
 
@@ -136,6 +145,17 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
                                    artifact.root.string(), out, in));
     _jacobian_blocks.emplace_back(o->second, i->second);
   }
+  for (const auto& [out, param] : artifact.parameter_derivatives) {
+    const auto o = output_index.find(out);
+    const auto p = param_index.find(param);
+    if (o == output_index.end() || p == param_index.end())
+      throw FatalError(fmt::format("{}/metadata.json: parameter derivative pair [{}, {}] names "
+                                   "a variable or parameter the model does not declare; "
+                                   "recompile with neml2-compile",
+                                   artifact.root.string(), out, param));
+    _param_jacobian_blocks.emplace_back(o->second, p->second);
+  }
+  _has_param_derivatives = _has_param_derivatives && !_param_jacobian_blocks.empty();
 }
 
 bool SegmentChain::solves_with_parameter(std::size_t p) const {
@@ -185,8 +205,22 @@ void SegmentChain::run_forward(const ForwardStep& step, const ChunkArgs& chunk,
   auto results = state.track ? step.jvp(args) : step.value(args);
 
   std::vector<std::vector<at::Tensor>> derivatives(seg.outputs.size());
+  const auto column = [&](const std::string& param) {
+    return _input_sizes.size() + _param_index.at(param);
+  };
+  if (state.params && step.param_jacobian) {
+    const auto blocks = step.param_jacobian(args);
+    for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
+      const auto& pair = seg.param_jacobian_pairs[k];
+      const auto o = static_cast<std::size_t>(
+          std::find(seg.outputs.begin(), seg.outputs.end(), pair.out) - seg.outputs.begin());
+      derivatives[o].resize(state.columns);
+      derivatives[o][column(pair.param)] =
+          blocks[k].reshape({state.rows, numel(pair.out_base_shape), numel(pair.param_base_shape)});
+    }
+  }
   if (state.track) {
-    const auto n_inputs = _input_sizes.size();
+    const auto n_inputs = state.columns;
     for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
       const auto& pair = seg.jacobian_pairs[k];
       const auto o = static_cast<std::size_t>(
@@ -282,13 +316,28 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   auto b_blocks = step.jacobian_given(args);
   operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
   const auto pairs = step.solve_ift(operators);
-  const auto n_inputs = _input_sizes.size();
+  const auto n_columns = state.columns;
   std::map<std::string, std::vector<at::Tensor>> derivatives;
+  if (state.params && step.solve_param) {
+    // du/dparam = -A^{-1} dr/dparam, the parameters given per row.
+    std::vector<at::Tensor> per_row = solved.u;
+    per_row.insert(per_row.end(), givens.begin(), givens.end());
+    for (auto p : step.params)
+      per_row.push_back(chunk.params[p]);
+    const auto blocks = step.solve_param(step.dr_dparam(per_row));
+    for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
+      const auto& pair = seg.param_jacobian_pairs[k];
+      auto& target = derivatives[pair.out];
+      target.resize(n_columns);
+      target[_input_sizes.size() + _param_index.at(pair.param)] =
+          blocks[k].reshape({state.rows, numel(pair.out_base_shape), numel(pair.param_base_shape)});
+    }
+  }
   for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
     const auto& pair = seg.jacobian_pairs[k];
     const auto source = state.derivatives.find(pair.given);
     auto& target = derivatives[pair.unknown];
-    target.resize(n_inputs);
+    target.resize(n_columns);
     if (source != state.derivatives.end())
       accumulate(target,
                  pairs[k].reshape(
@@ -297,26 +346,28 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   }
   for (const auto& u : seg.unknowns) {
     auto& d = derivatives[u.name];
-    d.resize(n_inputs);
+    d.resize(n_columns);
     state.derivatives[u.name] = std::move(d);
   }
 }
 
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
-  if (op == Operation::param_jacobian || op == Operation::param_vjp)
+  if (op == Operation::param_vjp)
     throw FatalError(fmt::format(
-        "{}: parameter derivatives of a composed (multi-segment or implicit) model are not "
-        "supported by neml2-dispatch yet; use eager NEML2 for them",
+        "{}: param_vjp of a composed (multi-segment or implicit) model is not supported by "
+        "neml2-dispatch yet; contract param_jacobian() with the cotangents instead",
         _artifact.root.string()));
   const auto n_inputs = _input_sizes.size();
   State state;
   state.rows = chunk.rows;
   state.track = op != Operation::forward;
+  state.params = op == Operation::param_jacobian;
+  state.columns = n_inputs + (state.params ? _artifact.parameters.size() : 0);
   for (std::size_t i = 0; i < n_inputs; ++i) {
     const auto& name = _artifact.inputs[i].name;
     state.values[name] = chunk.inputs[i];
     if (state.track) {
-      auto& d = state.derivative(name, n_inputs);
+      auto& d = state.derivative(name, state.columns);
       const auto n = _input_sizes[i];
       d[i] = at::eye(n, chunk.inputs[i].options()).expand({chunk.rows, n, n});
     }
@@ -334,7 +385,20 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
   std::vector<at::Tensor> results;
   for (const auto& out : _artifact.outputs)
     results.push_back(state.value(out.name, "the model's outputs"));
-  if (op == Operation::jacobian) {
+  if (op == Operation::param_jacobian) {
+    for (const auto& [o, p] : _param_jacobian_blocks) {
+      const auto& out = _artifact.outputs[o];
+      const auto& param = _artifact.parameters[p];
+      const auto shape = with_rows(state.rows, {&out.base_shape, &param.base_shape});
+      const auto it = state.derivatives.find(out.name);
+      const auto column = n_inputs + p;
+      const auto& d = it == state.derivatives.end() || it->second.size() <= column
+                          ? at::Tensor()
+                          : it->second[column];
+      results.push_back(d.defined() ? d.reshape(shape)
+                                    : at::zeros(shape, results.front().options()));
+    }
+  } else if (op == Operation::jacobian) {
     for (const auto& [o, i] : _jacobian_blocks) {
       const auto& out = _artifact.outputs[o];
       const auto& in = _artifact.inputs[i];

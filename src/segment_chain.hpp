@@ -5,6 +5,7 @@
 // Session runs a chain for every artifact that is not a single forward segment.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <variant>
@@ -38,6 +39,13 @@ public:
   jacobian_blocks() const noexcept {
     return _jacobian_blocks;
   }
+  /// Whether every segment that takes a parameter carries its parameter-derivative graphs.
+  [[nodiscard]] bool has_param_derivatives() const noexcept { return _has_param_derivatives; }
+  /// (output, parameter) positions of the parameter Jacobian's blocks: `parameter_derivatives`.
+  [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>&
+  param_jacobian_blocks() const noexcept {
+    return _param_jacobian_blocks;
+  }
 
   /// Whether an implicit segment's graphs take parameter `p` (Artifact::parameters index):
   /// they take one stored value for every row, so it cannot be batched.
@@ -49,13 +57,13 @@ public:
 private:
   struct ForwardStep {
     const ForwardSegment* segment;
-    GraphFn value, jvp;
+    GraphFn value, jvp, param_jacobian;
     std::vector<std::size_t> params; // positions in Artifact::parameters
   };
   struct ImplicitStep {
     const ImplicitSegment* segment = nullptr;
     NewtonGraphs newton;
-    GraphFn predictor, jacobian_given, solve_ift;
+    GraphFn predictor, jacobian_given, solve_ift, dr_dparam, solve_param;
     std::vector<std::size_t> params;
     std::size_t given_blocks = 0; // residual groups x given groups
   };
@@ -67,9 +75,11 @@ private:
 
   const Artifact& _artifact;
   std::vector<Step> _steps;
-  std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks;
+  std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks, _param_jacobian_blocks;
+  std::map<std::string, std::size_t> _param_index;
   std::vector<std::int64_t> _input_sizes; // values per row of each input
   bool _has_input_derivatives = true;
+  bool _has_param_derivatives = true;
   SolverConfig _config;
 };
 

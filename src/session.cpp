@@ -234,6 +234,11 @@ struct Session::Impl {
       jacobian_slots.push_back(
           {detail::Gather::rows, concat({&output_base_shapes[o], &input_base_shapes[i]})});
     }
+    param_jacobian_slots = forward_slots;
+    for (const auto& [o, p] : chain->param_jacobian_blocks())
+      param_jacobian_slots.push_back(
+          {detail::Gather::rows,
+           concat({&output_base_shapes[o], &artifact->parameters[p].base_shape})});
   }
 
   void require(bool has_graph, const char* op, const std::string& fix) const {
@@ -446,7 +451,8 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
               op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
     break;
   case Operation::param_jacobian:
-    m.require(bool(m.param_jacobian_graph) || m.chain, "param_jacobian", "-p PARAM -d OUT:PARAM");
+    m.require(m.chain ? m.chain->has_param_derivatives() : bool(m.param_jacobian_graph),
+              "param_jacobian", "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
     break;
   case Operation::param_vjp:
     m.require(bool(m.param_vjp_graph) || m.chain, "param_vjp", "-p PARAM -d OUT:PARAM");
@@ -663,6 +669,13 @@ Session::param_jacobian_result(std::vector<at::Tensor>&& results) const {
   for (const auto& p : m.artifact->parameters)
     public_param[p.name] = p.public_name;
   VariablePairJacobian P;
+  if (m.chain) {
+    const auto& blocks = m.chain->param_jacobian_blocks();
+    for (std::size_t k = 0; k < blocks.size(); ++k)
+      P[m.output_names[blocks[k].first]][m.artifact->parameters[blocks[k].second].public_name] =
+          std::move(results[n_out + k]);
+    return {forward_result(std::move(results)), std::move(P)};
+  }
   const auto& pairs = m.segment->param_jacobian_pairs;
   for (std::size_t k = 0; k < pairs.size(); ++k)
     P[m.output_names[m.output_index.at(pairs[k].out)]][public_param.at(pairs[k].param)] =

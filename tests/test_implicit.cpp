@@ -319,9 +319,13 @@ TEST_CASE("a promoted parameter inside the residual: one stored value for every 
   CHECK(contains(test::fatal_message([&] { static_cast<void>(s.forward(inputs)); }),
                  "has one value per row, but an implicit segment"));
   s.set_parameter("residual.square.scaling", at::full({}, scaling, at::kDouble));
-  CHECK(contains(test::fatal_message([&] { static_cast<void>(s.param_jacobian(inputs)); }),
-                 "parameter derivatives of a composed (multi-segment or implicit) model are not "
-                 "supported"));
+  // dx/ds = -dt x^2 / (1 + 2 dt s x), the implicit function theorem by hand.
+  const auto [out, P] = s.param_jacobian(inputs);
+  const auto& x = out.at("x");
+  test::check_close(P.at("x").at("residual.square.scaling"),
+                    -dt * x * x / (1 + 2 * dt * scaling * x), "dx/ds", 1e-10);
+  CHECK(contains(test::fatal_message([&] { static_cast<void>(s.param_vjp(inputs, {})); }),
+                 "param_vjp of a composed (multi-segment or implicit) model is not supported"));
 }
 
 TEST_CASE("backtracking line search, per row: the same solutions, rows still independent") {

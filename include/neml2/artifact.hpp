@@ -112,6 +112,10 @@ struct ImplicitSegment {
   std::int64_t max_substepping_level = 0;
   std::vector<std::string> incremental_variables;
   std::vector<ImplicitJacobianPair> jacobian_pairs;
+  /// Parameter derivatives (-p P -d OUT:P): dr_dparam takes the parameters per row and
+  /// returns A and dr/dparam; solve_param returns du/dparam per `param_jacobian_pairs` entry.
+  std::string dr_dparam_package, solve_param_package;
+  std::vector<ParameterJacobianPair> param_jacobian_pairs;
 };
 
 /// One step of the model: a forward graph, or a Newton solve.
@@ -145,6 +149,8 @@ struct Artifact {
   std::vector<Segment> segments;
   /// `derivatives`: the (output, input) pairs the model's Jacobian has (internal names).
   std::vector<std::pair<std::string, std::string>> derivatives;
+  /// `parameter_derivatives`: the (output, parameter) pairs of the parameter Jacobian.
+  std::vector<std::pair<std::string, std::string>> parameter_derivatives;
   /// Present for models with an implicit segment.
   std::optional<SolverConfig> solver_config;
 
