@@ -62,7 +62,8 @@ public:
   /// filled, `outputs` the same as the public map of outputs (may be empty inside the
   /// library, where only positional results are known).
   ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
-                   std::vector<at::Tensor> results, std::map<std::string, at::Tensor> outputs = {})
+                   std::vector<at::Tensor> results,
+                   std::map<std::string, at::Tensor> outputs = {})
       : Exception(message, true)
       , _converged(std::move(converged))
       , _worst_residual(worst_residual)
