@@ -135,26 +135,24 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     _steps.emplace_back(std::move(step));
   }
 
-  for (const auto& [out, in] : artifact.derivatives) {
-    const auto o = output_index.find(out);
-    const auto i = input_index.find(in);
-    if (o == output_index.end() || i == input_index.end())
-      throw FatalError(fmt::format("{}/metadata.json: derivative pair [{}, {}] names a variable "
-                                   "that is not a model output/input; recompile with "
-                                   "neml2-compile",
-                                   artifact.root.string(), out, in));
-    _jacobian_blocks.emplace_back(o->second, i->second);
-  }
-  for (const auto& [out, param] : artifact.parameter_derivatives) {
-    const auto o = output_index.find(out);
-    const auto p = param_index.find(param);
-    if (o == output_index.end() || p == param_index.end())
-      throw FatalError(fmt::format("{}/metadata.json: parameter derivative pair [{}, {}] names "
-                                   "a variable or parameter the model does not declare; "
-                                   "recompile with neml2-compile",
-                                   artifact.root.string(), out, param));
-    _param_jacobian_blocks.emplace_back(o->second, p->second);
-  }
+  // metadata.json's pairs of names -> (output, input or parameter) positions.
+  const auto positions = [&](const std::vector<std::pair<std::string, std::string>>& pairs,
+                             const std::map<std::string, std::size_t>& second, const char* key) {
+    std::vector<std::pair<std::size_t, std::size_t>> found;
+    for (const auto& [a, b] : pairs) {
+      const auto o = output_index.find(a);
+      const auto x = second.find(b);
+      if (o == output_index.end() || x == second.end())
+        throw FatalError(fmt::format("{}/metadata.json: {} pair [{}, {}] names something the "
+                                     "model does not declare; recompile with neml2-compile",
+                                     artifact.root.string(), key, a, b));
+      found.emplace_back(o->second, x->second);
+    }
+    return found;
+  };
+  _jacobian_blocks = positions(artifact.derivatives, input_index, "derivatives");
+  _param_jacobian_blocks =
+      positions(artifact.parameter_derivatives, param_index, "parameter_derivatives");
   _has_param_derivatives = _has_param_derivatives && !_param_jacobian_blocks.empty();
 }
 
