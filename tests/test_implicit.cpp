@@ -368,3 +368,22 @@ TEST_CASE("implicit models through DispatchedModel: chunked Jacobians, batch 0, 
   for (const auto& [name, value] : whole_out)
     test::check_close(single.at(name), value[5], "unbatched " + name, 1e-13);
 }
+
+TEST_CASE("line search rescues a step that full Newton overshoots") {
+  // x + dt x^2 = x~1 + dt a with dt = 10, from x = -0.049, next to the turning point
+  // x = -1/(2 dt) where dr/dx vanishes: the full Newton step lands near x = 500 and needs
+  // about ten halvings back; backtracking cuts that first step instead.
+  auto s = session("scalar_backward_euler");
+  const auto one = [](double v) { return at::full({1}, v, at::kDouble); };
+  const TensorMap inputs = {
+      {"a", one(1.0)}, {"x", one(-0.049)}, {"x~1", one(0.5)}, {"t", one(10.0)}, {"t~1", one(0.0)}};
+  auto config = s.solver_config();
+  config.miters = 6;
+  s.set_solver_config(config);
+  CHECK(convergence_error([&] { static_cast<void>(s.forward(inputs)); }).failed_rows() == 1);
+
+  config.ls_max_iters = 20;
+  s.set_solver_config(config);
+  const double root = (std::sqrt(1 + 4 * 10 * (0.5 + 10 * 1.0)) - 1) / (2 * 10);
+  test::check_close(s.forward(inputs).at("x"), one(root), "the positive root", 1e-10);
+}
