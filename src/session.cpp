@@ -94,7 +94,7 @@ void check_graph_dtype(const fs::path& file, c10::ScalarType dtype) {
 
 // Loader construction is not thread-safe in torch: one at a time, process-wide.
 Graph load_graph(const fs::path& leaf, const std::string& package, const c10::Device& device,
-                 c10::ScalarType dtype, const char* listed_as) {
+                 c10::ScalarType dtype, std::size_t runners, const char* listed_as) {
   if (package.empty())
     return {};
   const auto file = leaf / package;
@@ -110,7 +110,7 @@ Graph load_graph(const fs::path& leaf, const std::string& package, const c10::De
         check_graph_dtype(file, dtype);
         return Graph{std::make_unique<Loader>(file.string(), "model",
                                               /*run_single_threaded=*/false,
-                                              /*num_runners=*/1, device.index()),
+                                              /*num_runners=*/runners, device.index()),
                      file.string()};
       });
 }
@@ -217,7 +217,7 @@ struct Session::Impl {
 };
 
 Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
-                 c10::ScalarType dtype)
+                 c10::ScalarType dtype, std::size_t concurrency)
     : _impl(std::make_unique<Impl>()) {
   auto& m = *_impl;
   m.artifact = std::move(artifact);
@@ -301,12 +301,14 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     m.param_jacobian_slots.push_back(
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
 
-  const auto d = m.torch_device;
-  m.value_graph = load_graph(m.leaf, seg.package, d, dtype, "package");
-  m.jvp_graph = load_graph(m.leaf, seg.jvp_package, d, dtype, "jvp_package");
-  m.param_jacobian_graph =
-      load_graph(m.leaf, seg.param_jacobian_package, d, dtype, "param_jacobian_package");
-  m.param_vjp_graph = load_graph(m.leaf, seg.param_vjp_package, d, dtype, "param_vjp_package");
+  const auto load = [&](const std::string& package, const char* listed_as) {
+    return load_graph(m.leaf, package, m.torch_device, dtype, std::max<std::size_t>(concurrency, 1),
+                      listed_as);
+  };
+  m.value_graph = load(seg.package, "package");
+  m.jvp_graph = load(seg.jvp_package, "jvp_package");
+  m.param_jacobian_graph = load(seg.param_jacobian_package, "param_jacobian_package");
+  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package");
 }
 
 Session::~Session() = default;

@@ -36,8 +36,10 @@ using VariablePairJacobian = std::map<std::string, TensorMap>;
 /// @see DispatchedModel, which chunks a batch over sessions.
 class Session {
 public:
+  /// `concurrency`: how many calls may run the graphs at once (AOTI runners; on an
+  /// accelerator, the chunks a dispatcher keeps in flight).
   Session(std::shared_ptr<const Artifact> artifact, const Device& device,
-          c10::ScalarType dtype = c10::kDouble);
+          c10::ScalarType dtype = c10::kDouble, std::size_t concurrency = 1);
   ~Session();
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;
