@@ -28,7 +28,6 @@ struct LaneQueue {
 };
 
 void serve(LaneQueue& lane) {
-  ++live_workers;
   std::optional<c10::DeviceGuard> device_guard;
   std::optional<c10::StreamGuard> stream_guard;
   if (!lane.device.is_cpu()) {
@@ -51,7 +50,6 @@ void serve(LaneQueue& lane) {
     } catch (...) { // tasks report their own errors; never let one end the process
     }
   }
-  --live_workers;
 }
 } // namespace
 
@@ -65,8 +63,10 @@ WorkerPool::WorkerPool(const std::vector<Lane>& lanes)
   for (const auto& spec : lanes) {
     auto lane = std::make_unique<LaneQueue>();
     lane->device = spec.device;
-    for (std::size_t w = 0; w < std::max<std::size_t>(spec.workers, 1); ++w)
+    for (std::size_t w = 0; w < std::max<std::size_t>(spec.workers, 1); ++w) {
       _impl->threads.emplace_back(serve, std::ref(*lane));
+      ++live_workers;
+    }
     _impl->lanes.push_back(std::move(lane));
   }
 }
@@ -77,8 +77,10 @@ WorkerPool::~WorkerPool() {
     lane->stopping = true;
     lane->ready.notify_all();
   }
-  for (auto& t : _impl->threads)
+  for (auto& t : _impl->threads) {
     t.join();
+    --live_workers;
+  }
 }
 
 void WorkerPool::submit(std::size_t lane, std::function<void()> task) {

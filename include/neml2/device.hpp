@@ -8,6 +8,7 @@
 #include <charconv>
 #include <cstddef>
 #include <cstdint>
+#include <ostream>
 #include <span>
 #include <string>
 #include <string_view>
@@ -72,6 +73,10 @@ private:
   DeviceFamily _family = DeviceFamily::cpu;
   int _index = -1;
 };
+
+inline std::ostream& operator<<(std::ostream& os, const Device& device) {
+  return os << device.str();
+}
 
 /// "cpu, cuda, xpu, hip, mps": for error messages.
 inline std::string known_device_families_text() {

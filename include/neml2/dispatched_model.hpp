@@ -206,12 +206,12 @@ private:
   // The whole call as one chunk on the input device: no slicing, no copy.
   std::vector<at::Tensor> run_direct(Operation op, detail::BoundCall& call, std::size_t d) const {
     const auto start = _observer ? clock::now() : clock::time_point{};
-    if (_before_chunk)
-      _before_chunk(event(0, d, 0, call.batch, 0));
     detail::ChunkArgs chunk;
     detail::take_all(call, _compute[d], chunk);
     std::vector<at::Tensor> results;
     try {
+      if (_before_chunk)
+        _before_chunk(event(0, d, 0, call.batch, 0));
       results = _sessions[d].run(op, chunk);
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
@@ -227,8 +227,6 @@ private:
   // One chunk's rows, run on device d and put in place (any thread).
   void run_chunk(Operation op, const detail::BoundCall& call, detail::Gatherer& results,
                  std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index) const {
-    if (_before_chunk)
-      _before_chunk(event(index, d, first, rows, 0));
     const auto device = _compute[d];
     detail::ChunkArgs chunk;
     if (device.is_cpu() || device == call.device)
@@ -236,6 +234,8 @@ private:
     else
       detail::take_rows_staged(call, first, rows, device, chunk);
     try {
+      if (_before_chunk)
+        _before_chunk(event(index, d, first, rows, 0));
       results.add(index, first, rows, _sessions[d].run(op, chunk));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
