@@ -35,13 +35,13 @@ struct GreedyPriorityCapacity {
   std::vector<Device> devices;
   std::vector<std::int64_t> batch_sizes;
   std::vector<std::int64_t> capacities = {}; ///< rows in flight; empty: one chunk
-  std::vector<int> priorities = {};          ///< higher first; empty: all equal
+  std::vector<double> priorities = {};       ///< higher first; empty: all equal
 
   [[nodiscard]] std::int64_t batch_size(std::size_t d) const { return of(batch_sizes, d); }
   [[nodiscard]] std::int64_t capacity(std::size_t d) const {
     return capacities.empty() ? batch_size(d) : of(capacities, d);
   }
-  [[nodiscard]] int priority(std::size_t d) const {
+  [[nodiscard]] double priority(std::size_t d) const {
     return priorities.empty() ? 1 : of(priorities, d);
   }
 
