@@ -16,3 +16,9 @@ run bench_sync_chunking loader_run dispatched
 if [ -x "$build/bench/bench_vs_neml2" ]; then
   run bench_vs_neml2 neml2_runtime dispatched
 fi
+if [ -x "$build/bench/bench_hybrid" ]; then
+  "$build/bench/bench_hybrid" --benchmark_repetitions=10 --benchmark_enable_random_interleaving=true \
+    --benchmark_min_time=0.1 --benchmark_out="$build/bench_hybrid.json" \
+    --benchmark_out_format=json >/dev/null 2>&1
+  "$NEML2_DISPATCH_VENV/bin/python" "$root/tools/bench_hybrid.py" "$build/bench_hybrid.json"
+fi

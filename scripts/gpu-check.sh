@@ -4,8 +4,9 @@
 #   run: bash scripts/gpu-check.sh        carry: [".carry"], timeout leaving room for a rerun
 # Installs neml2 from .carry/wheels beside the machine's torch, builds with the bundled
 # headers, compiles cpu+cuda artifacts, runs every test (the CUDA ones included) and the
-# benchmark, and leaves the logs in $OUT (or build-gpu/). PYTHON picks the python (default
-# python3); NEML2_DISPATCH_GPU_TESTS=OFF rehearses it all on a machine without a GPU.
+# benchmarks (single device and hybrid), and leaves the logs in $OUT (or build-gpu/).
+# PYTHON picks the python (default python3); NEML2_DISPATCH_GPU_TESTS=OFF rehearses it all
+# on a machine without a GPU.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -37,3 +38,9 @@ build-gpu/bench/bench_sync_chunking --benchmark_repetitions=5 \
 for pair in "loader_run dispatched" "loader_run_cuda dispatched_cuda"; do
   "$python" tools/bench_ratios.py "$out/bench_sync_chunking.json" $pair | tee -a "$out/bench.txt"
 done
+if [ -x build-gpu/bench/bench_hybrid ]; then
+  build-gpu/bench/bench_hybrid --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
+    --benchmark_min_time=0.1 --benchmark_out="$out/bench_hybrid.json" --benchmark_out_format=json \
+    > /dev/null 2>&1
+  "$python" tools/bench_hybrid.py "$out/bench_hybrid.json" | tee -a "$out/bench.txt"
+fi
