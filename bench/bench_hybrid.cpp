@@ -31,7 +31,8 @@ std::filesystem::path stub() {
 }
 
 std::vector<neml2::Device> devices() {
-  return has_gpu() ? std::vector<neml2::Device>{"cpu", "cuda:0"} : std::vector<neml2::Device>{"cpu"};
+  return has_gpu() ? std::vector<neml2::Device>{"cpu", "cuda:0"}
+                   : std::vector<neml2::Device>{"cpu"};
 }
 
 std::vector<std::int64_t> chunks(std::int64_t cpu_chunk) {
@@ -53,23 +54,27 @@ void measure(benchmark::State& state, const Model& model) {
 }
 
 void sync_cpu(benchmark::State& state) {
-  measure(state, neml2::load_model(stub(), "elasticity",
-                                   neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)}));
+  measure(state,
+          neml2::load_model(stub(), "elasticity",
+                            neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)}));
 }
 
 void sync_cuda(benchmark::State& state) {
-  measure(state, neml2::load_model(stub(), "elasticity",
-                                   neml2::SyncChunking{.device = "cuda:0", .batch_size = gpu_chunk}));
+  measure(state,
+          neml2::load_model(stub(), "elasticity",
+                            neml2::SyncChunking{.device = "cuda:0", .batch_size = gpu_chunk}));
 }
 
 void greedy(benchmark::State& state) {
-  measure(state, neml2::load_model(stub(), "elasticity",
-                                   neml2::GreedyPriorityCapacity{
-                                       .devices = devices(), .batch_sizes = chunks(state.range(1))}));
+  measure(state,
+          neml2::load_model(stub(), "elasticity",
+                            neml2::GreedyPriorityCapacity{.devices = devices(),
+                                                          .batch_sizes = chunks(state.range(1))}));
 }
 
 void balanced(benchmark::State& state) {
-  measure(state, neml2::load_model(stub(), "elasticity", ThroughputBalancing{.devices = devices()}));
+  measure(state,
+          neml2::load_model(stub(), "elasticity", ThroughputBalancing{.devices = devices()}));
 }
 
 void neml2_hybrid(benchmark::State& state) {
@@ -89,11 +94,11 @@ void neml2_hybrid(benchmark::State& state) {
 
 // One GPU, capacity of range(2) chunks: copies of the next chunks overlap compute.
 void greedy_cuda_capacity(benchmark::State& state) {
-  measure(state, neml2::load_model(stub(), "elasticity",
-                                   neml2::GreedyPriorityCapacity{
-                                       .devices = {"cuda:0"},
-                                       .batch_sizes = {gpu_chunk},
-                                       .capacities = {state.range(2) * gpu_chunk}}));
+  measure(state, neml2::load_model(
+                     stub(), "elasticity",
+                     neml2::GreedyPriorityCapacity{.devices = {"cuda:0"},
+                                                   .batch_sizes = {gpu_chunk},
+                                                   .capacities = {state.range(2) * gpu_chunk}}));
 }
 
 void cases(benchmark::internal::Benchmark* b) {

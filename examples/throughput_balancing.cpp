@@ -5,12 +5,12 @@
 //
 //   throughput_balancing <stub> <model> [batch]
 
+#include "throughput_balancing.hpp"
+
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <map>
-
-#include "throughput_balancing.hpp"
 
 namespace {
 
@@ -41,7 +41,8 @@ at::Tensor run(const char* label, const std::filesystem::path& stub, const std::
   std::printf("%-24s %12.3e rows/s %6zu chunks/call ", label,
               static_cast<double>(batch) * repeats / elapsed.count(), chunks / repeats);
   for (const auto& [device, rows] : rows_per_device)
-    std::printf(" %s %.0f%%", device.c_str(), 100.0 * static_cast<double>(rows) / (batch * repeats));
+    std::printf(" %s %.0f%%", device.c_str(),
+                100.0 * static_cast<double>(rows) / (batch * repeats));
   std::printf("\n");
   return result;
 }
@@ -78,8 +79,7 @@ int main(int argc, char** argv) try {
     std::printf("FAILED: a policy's results differ from SyncChunking's\n");
     return 1;
   }
-  std::printf("both policies match SyncChunking on all %lld rows\n",
-              static_cast<long long>(batch));
+  std::printf("both policies match SyncChunking on all %lld rows\n", static_cast<long long>(batch));
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "throughput_balancing failed: %s\n", e.what());

@@ -1,5 +1,6 @@
-// SyncChunking and GreedyPriorityCapacity on a CUDA device, against eager NEML2 and the CPU. Skips (exit code 77) where no CUDA
-// device is visible; needs the artifacts of -DNEML2_DISPATCH_GPU_TESTS=ON.
+// SyncChunking and GreedyPriorityCapacity on a CUDA device, against eager NEML2 and the CPU. Skips
+// (exit code 77) where no CUDA device is visible; needs the artifacts of
+// -DNEML2_DISPATCH_GPU_TESTS=ON.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <cstdio>
@@ -74,8 +75,8 @@ TEST_CASE("a pool over the CPU and cuda:0 gives the CPU's results; capacity keep
     }
   }
   // Inputs on the GPU, whole batch on it: the pool is skipped, results stay on the GPU.
-  const auto gpu_only =
-      load_model(stub, "elasticity", GreedyPriorityCapacity{.devices = {"cuda:0"}, .batch_sizes = {64}});
+  const auto gpu_only = load_model(
+      stub, "elasticity", GreedyPriorityCapacity{.devices = {"cuda:0"}, .batch_sizes = {64}});
   const auto out = gpu_only.forward({{"strain", ref["b33/in/strain"].to(at::Device("cuda:0"))}});
   CHECK(out.at("stress").device() == at::Device("cuda:0"));
   test::check_close(out.at("stress"), ref["b33/out/stress"], "stress on cuda:0");
@@ -84,10 +85,10 @@ TEST_CASE("a pool over the CPU and cuda:0 gives the CPU's results; capacity keep
 TEST_CASE("a large batch over cuda:0 with 4 chunks in flight matches the CPU") {
   const auto x = 1e-3 * at::rand({1 << 18, 6}, at::kDouble);
   const auto cpu = load_model(stub, "elasticity").forward({{"strain", x}}).at("stress");
-  const auto m = load_model(stub, "elasticity",
-                            GreedyPriorityCapacity{.devices = {"cuda:0"},
-                                                   .batch_sizes = {1 << 14},
-                                                   .capacities = {1 << 16}});
+  const auto m =
+      load_model(stub, "elasticity",
+                 GreedyPriorityCapacity{
+                     .devices = {"cuda:0"}, .batch_sizes = {1 << 14}, .capacities = {1 << 16}});
   for (int i = 0; i < 3; ++i) // staging buffers reused across calls
     test::check_close(m.forward({{"strain", x}}).at("stress"), cpu, "stress", 1e-10);
 }

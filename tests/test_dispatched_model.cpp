@@ -26,7 +26,8 @@ struct Lanes {
   std::vector<Device> devices = {"cpu", "cpu"};
 
   static ChunkChoice plan(std::int64_t remaining) {
-    return {static_cast<std::size_t>(remaining / 4 % 2), std::min(remaining, 1 + remaining / 3 % 4)};
+    return {static_cast<std::size_t>(remaining / 4 % 2),
+            std::min(remaining, 1 + remaining / 3 % 4)};
   }
   std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
                                         std::int64_t remaining, state_type&) const {
@@ -259,7 +260,8 @@ TEST_CASE("rows that did not converge: one error over the whole batch, one mask"
   };
   std::vector<ChunkEvent> sync_plan;
   for (std::int64_t first = 0; first < 33; first += 3)
-    sync_plan.push_back({sync_plan.size(), 0, "cpu", first, std::min<std::int64_t>(3, 33 - first), 0});
+    sync_plan.push_back(
+        {sync_plan.size(), 0, "cpu", first, std::min<std::int64_t>(3, 33 - first), 0});
   for (auto [expected, forward] :
        {std::pair{failing(lanes_plan(33)), std::function([&] { return pool.forward(in); })},
         std::pair{failing(sync_plan), std::function([&] { return sync.forward(in); })}}) {
@@ -329,9 +331,8 @@ TEST_CASE("a policy's bad answers are errors that say what it did, never a hang"
                  "chose 0 rows for cpu with 7 rows remaining"));
   CHECK(contains(test::fatal_message([&] { return load<TooMany>("rates", "eq").forward(in); }),
                  "chose 8 rows for cpu with 7 rows remaining"));
-  CHECK(contains(
-      test::fatal_message([&] { return load<NeverChooses>("rates", "eq").forward(in); }),
-      "gave no chunk while every device was idle (7 of 7 rows left)"));
+  CHECK(contains(test::fatal_message([&] { return load<NeverChooses>("rates", "eq").forward(in); }),
+                 "gave no chunk while every device was idle (7 of 7 rows left)"));
   // Both lanes' chunks were in flight: each reports the policy's error.
   const auto throws = load<ThrowsOnCompletion>("rates", "eq");
   for (int call = 0; call < 2; ++call) {
@@ -371,9 +372,9 @@ TEST_CASE("eight host threads call one pooled model at once, each gets its own r
   for (bool greedy : {false, true}) {
     CAPTURE(greedy);
     const auto lanes = load<Lanes>("rates", "eq");
-    const auto gpc = load("rates", "eq",
-                          GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4},
-                                                 .capacities = {8}});
+    const auto gpc =
+        load("rates", "eq",
+             GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4}, .capacities = {8}});
     const auto whole = load("rates", "eq", SyncChunking{});
     std::vector<TensorMap> inputs, expected, actual(8);
     for (int t = 0; t < 8; ++t) {

@@ -67,12 +67,14 @@ TEST_CASE("invalid configurations say what to change") {
   using P = GreedyPriorityCapacity;
   CHECK(contains(validation_message(P{.devices = {}, .batch_sizes = {1}}),
                  "GreedyPriorityCapacity.devices is empty"));
-  CHECK(contains(validation_message(P{.devices = {"cpu", "cuda:0", "cuda:1"}, .batch_sizes = {1, 2}}),
-                 "GreedyPriorityCapacity.batch_sizes has 2 entries for 3 devices"));
+  CHECK(
+      contains(validation_message(P{.devices = {"cpu", "cuda:0", "cuda:1"}, .batch_sizes = {1, 2}}),
+               "GreedyPriorityCapacity.batch_sizes has 2 entries for 3 devices"));
   CHECK(contains(validation_message(P{.devices = {"cpu"}, .batch_sizes = {}}),
                  "batch_sizes has 0 entries"));
-  CHECK(contains(validation_message(P{.devices = {"cpu"}, .batch_sizes = {8}, .priorities = {1, 2}}),
-                 "priorities has 2 entries for 1 devices"));
+  CHECK(
+      contains(validation_message(P{.devices = {"cpu"}, .batch_sizes = {8}, .priorities = {1, 2}}),
+               "priorities has 2 entries for 1 devices"));
   CHECK(contains(validation_message(P{.devices = {"cpu", "cuda:0"}, .batch_sizes = {8, 0}}),
                  "batch_sizes is 0 for cuda:0 (device 1); it must be >= 1"));
   CHECK(contains(validation_message(P{.devices = {"cpu"}, .batch_sizes = {8}, .capacities = {4}}),
@@ -84,7 +86,8 @@ TEST_CASE("invalid configurations say what to change") {
   CHECK(contains(validation_message(P{.devices = {"cuda", "cuda"}, .batch_sizes = {8}}),
                  "lists 'cuda' 2 times"));
   // `cuda` next to `cuda:0`: the same device where one exists, ambiguous otherwise.
-  const auto bare_and_pinned = validation_message(P{.devices = {"cuda", "cuda:0"}, .batch_sizes = {8}});
+  const auto bare_and_pinned =
+      validation_message(P{.devices = {"cuda", "cuda:0"}, .batch_sizes = {8}});
   if (device_count(DeviceFamily::cuda) == 1)
     CHECK(contains(bare_and_pinned, "which are the same device here"));
   else
@@ -114,13 +117,13 @@ TEST_CASE("a CPU pool gives SyncChunking's results, chunk for chunk") {
       const auto in = ref.group(std::string(c) + "/in");
       CHECK(test::identical(pool.forward(in), sync.forward(in)));
       CHECK(test::identical(pool.jacobian(in).second.at("stress").at("strain"),
-                        sync.jacobian(in).second.at("stress").at("strain")));
+                            sync.jacobian(in).second.at("stress").at("strain")));
       CHECK(test::identical(pool.jvp(in, ref.group(std::string(c) + "/tangent")).second,
-                        sync.jvp(in, ref.group(std::string(c) + "/tangent")).second));
+                            sync.jvp(in, ref.group(std::string(c) + "/tangent")).second));
       CHECK(test::identical(pool.param_jacobian(in).second.at("stress").at("elasticity.E"),
-                        sync.param_jacobian(in).second.at("stress").at("elasticity.E")));
+                            sync.param_jacobian(in).second.at("stress").at("elasticity.E")));
       CHECK(test::identical(pool.param_vjp(in, ref.group(std::string(c) + "/cot")),
-                        sync.param_vjp(in, ref.group(std::string(c) + "/cot"))));
+                            sync.param_vjp(in, ref.group(std::string(c) + "/cot"))));
     }
     test::check_empty_batch(pool, true);
     test::check_batched_parameter(pool, ref);
@@ -129,9 +132,9 @@ TEST_CASE("a CPU pool gives SyncChunking's results, chunk for chunk") {
 
 TEST_CASE("the pool obeys the policy: chunk boundaries, device, order") {
   const test::Reference ref("rates");
-  auto m = load_model(test::stub("rates", "eq"), "eq",
-                      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {5},
-                                             .capacities = {10}});
+  auto m = load_model(
+      test::stub("rates", "eq"), "eq",
+      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {5}, .capacities = {10}});
   Chunks chunks;
   m.set_observer(chunks.observer());
   test::check_forward(m, ref, "b33");

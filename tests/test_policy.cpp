@@ -77,7 +77,8 @@ static_assert(!DispatchPolicy<WrongState>);
 static_assert(!DispatchPolicy<AsyncWithSyncMembers>);
 static_assert(DispatchPolicy<GreedyPriorityCapacity>);
 // The concept and the model's diagnostics agree: check_policy accepts what the concept does.
-static_assert(neml2::detail::check_policy<Minimal>() && neml2::detail::check_policy<AsyncComplete>());
+static_assert(neml2::detail::check_policy<Minimal>() &&
+              neml2::detail::check_policy<AsyncComplete>());
 
 TEST_CASE("a policy lists its devices by function or by data member") {
   CHECK(listed_devices(AsyncComplete{}) == std::vector<Device>{"cpu", "cuda:0"});

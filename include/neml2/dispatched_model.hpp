@@ -316,19 +316,25 @@ private:
         }
         check(*choice, batch - first);
         const auto [d, n] = *choice;
-        engine.rows_in_flight[d] += n;
-        ++progress.in_flight;
         _policy.on_dispatched(d, n, engine.state);
         const auto task = [this, op, &call, &results, &progress, d, n, first, index] {
           complete(d, first, n, index, progress,
                    [&] { run_chunk(op, call, results, d, first, n, index); });
         };
+        engine.rows_in_flight[d] += n;
+        ++progress.in_flight;
         if (index == 0 && n == batch && call.device == _compute[d]) { // skips the pool
           lock.unlock();
           task();
           lock.lock();
         } else
-          engine.pool.submit(d, task);
+          try {
+            engine.pool.submit(d, task);
+          } catch (...) { // not queued: it will never complete
+            engine.rows_in_flight[d] -= n;
+            --progress.in_flight;
+            throw;
+          }
         first += n;
         ++index;
       }

@@ -28,8 +28,9 @@ struct ChunkEvent {
   double seconds = 0;           ///< from taking the rows to the results in place
 };
 
-/// Called once per chunk; calls are serialized (one model-wide lock for asynchronous
-/// policies, the calling thread for synchronous ones), but may come from worker threads.
+/// Called once per chunk. With an asynchronous policy, from worker threads, serialized by
+/// the model's lock; with a synchronous one, on the calling thread (so concurrently when
+/// several threads call one model: guard what the observer writes).
 using ChunkObserver = std::function<void(const ChunkEvent&)>;
 
 } // namespace neml2
