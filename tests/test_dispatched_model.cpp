@@ -5,8 +5,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <thread>
+
+#include <c10/core/CPUAllocator.h>
 
 #include "model_checks.hpp"
 
@@ -93,6 +96,38 @@ std::exception_ptr thrown(F&& f) {
   }
   return nullptr;
 }
+
+// Counts the bytes torch allocates on the CPU: live now, and the peak since reset().
+struct CountingAllocator final : c10::Allocator {
+  c10::Allocator* base = c10::GetDefaultCPUAllocator();
+  std::atomic<std::int64_t> live{0}, peak{0};
+  struct Block {
+    c10::DataPtr inner;
+    std::int64_t bytes;
+    CountingAllocator* owner;
+  };
+  c10::DataPtr allocate(std::size_t n) override {
+    auto inner = base->allocate(n);
+    void* data = inner.get();
+    const auto now = live += static_cast<std::int64_t>(n);
+    for (auto seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);)
+      ;
+    return {data, new Block{std::move(inner), static_cast<std::int64_t>(n), this}, &release,
+            c10::Device(c10::kCPU)};
+  }
+  static void release(void* block) {
+    auto* b = static_cast<Block*>(block);
+    b->owner->live -= b->bytes;
+    delete b;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  std::int64_t reset() {
+    peak = live.load();
+    return live;
+  }
+};
 
 } // namespace
 
@@ -454,4 +489,30 @@ TEST_CASE("every listed device gets a session; a compute device not listed is re
   };
   CHECK(contains(test::fatal_message([] { return load<Unlisted>("rates", "eq"); }),
                  "compute_device() is cuda:1, which its devices() does not list ({cpu})"));
+}
+
+TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is copied") {
+  static CountingAllocator counting; // outlives every tensor it allocates
+  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  const auto stub = test::stub("rates", "eq");
+  const auto in = test::zeros_inputs(load_model(stub, "eq"), 1 << 14);
+  const std::int64_t outputs = 3 * (1 << 14) * 8, chunk = 3 * 1024 * 8; // three f64 rates
+  const auto measure = [&](const auto& model) {
+    (void)model.forward(in); // warm-up
+    const auto before = counting.reset();
+    const auto out = model.forward(in);
+    return std::pair{counting.live - before, counting.peak - before};
+  };
+  const auto [whole_kept, whole_peak] = measure(load_model(stub, "eq", SyncChunking{}));
+  CHECK(whole_kept == outputs);
+  CHECK(whole_peak == outputs);
+  const auto [chunked_kept, chunked_peak] =
+      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+  CHECK(chunked_kept == outputs);
+  CHECK(chunked_peak == outputs + chunk);
+  const auto [pool_kept, pool_peak] = measure(
+      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
+  CHECK(pool_kept == outputs);
+  CHECK(pool_peak == outputs + chunk);
+  c10::SetCPUAllocator(counting.base, /*priority=*/101);
 }
