@@ -514,5 +514,9 @@ TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is
       load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
   CHECK(pool_kept == outputs);
   CHECK(pool_peak == outputs + chunk);
+  const auto [direct_kept, direct_peak] = measure(
+      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1 << 14}}));
+  CHECK(direct_kept == outputs);
+  CHECK(direct_peak == outputs); // one chunk in place: the graph's results, handed over
   c10::SetCPUAllocator(counting.base, /*priority=*/101);
 }

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -205,7 +206,6 @@ private:
 
   // The whole call as one chunk on the input device: no slicing, no copy.
   std::vector<at::Tensor> run_direct(Operation op, detail::BoundCall& call, std::size_t d) const {
-    const auto start = _observer ? clock::now() : clock::time_point{};
     detail::ChunkArgs chunk;
     detail::take_all(call, _compute[d], chunk);
     std::vector<at::Tensor> results;
@@ -219,8 +219,6 @@ private:
       detail::throw_failed_rows(e.converged_mask(), e.worst_residual(),
                                 detail::finish_whole(call, e.results()));
     }
-    if (_observer)
-      _observer(event(0, d, 0, call.batch, seconds_since(start)));
     return detail::finish_whole(call, std::move(results));
   }
 
@@ -255,8 +253,14 @@ private:
                        std::to_string(rows) +
                        "; chunk_rows() must return >= 0 (rows per chunk; 0 = the whole batch)");
     rows = rows == 0 ? batch : std::min(rows, batch);
-    if (batch > 0 && rows == batch && call.device == _compute[d])
-      return run_direct(op, call, d);
+    if (batch > 0 && rows == batch && call.device == _compute[d]) {
+      if (!_observer)
+        return run_direct(op, call, d);
+      const auto start = clock::now();
+      auto results = run_direct(op, call, d);
+      _observer(event(0, d, 0, batch, seconds_since(start)));
+      return results;
+    }
     detail::Gatherer results(call, session().dtype());
     std::size_t index = 0;
     for (std::int64_t first = 0; first < batch; first += rows, ++index) {
@@ -294,7 +298,8 @@ private:
     if (batch == 0)
       return detail::Gatherer(call, session().dtype()).finish();
     auto& engine = *_engine;
-    detail::Gatherer results(call, session().dtype(), /*concurrent=*/true);
+    std::optional<detail::Gatherer> results; // made for the first chunk that is not direct
+    std::vector<at::Tensor> direct;
     Progress progress;
     std::unique_lock lock(engine.mutex);
     std::int64_t first = 0;
@@ -317,19 +322,21 @@ private:
         check(*choice, batch - first);
         const auto [d, n] = *choice;
         _policy.on_dispatched(d, n, engine.state);
-        const auto task = [this, op, &call, &results, &progress, d, n, first, index] {
-          complete(d, first, n, index, progress,
-                   [&] { run_chunk(op, call, results, d, first, n, index); });
-        };
         engine.rows_in_flight[d] += n;
         ++progress.in_flight;
-        if (index == 0 && n == batch && call.device == _compute[d]) { // skips the pool
+        if (n == batch && call.device == _compute[d]) { // one chunk in place: no pool, no copy
           lock.unlock();
-          task();
+          complete(d, 0, n, 0, progress, [&] { direct = run_direct(op, call, d); });
           lock.lock();
         } else
           try {
-            engine.pool.submit(d, task);
+            if (!results)
+              results.emplace(call, session().dtype(), /*concurrent=*/true);
+            engine.pool.submit(
+                d, [this, op, &call, &gather = *results, &progress, d, n, first, index] {
+                  complete(d, first, n, index, progress,
+                           [&] { run_chunk(op, call, gather, d, first, n, index); });
+                });
           } catch (...) { // not queued: it will never complete
             engine.rows_in_flight[d] -= n;
             --progress.in_flight;
@@ -345,7 +352,7 @@ private:
     engine.changed.wait(lock, [&] { return progress.in_flight == 0; });
     lock.unlock();
     rethrow(progress.errors);
-    return std::move(results).finish();
+    return results ? std::move(*results).finish() : std::move(direct);
   }
 
   // Runs a chunk, then books its completion: loads, the policy, the observer, the call.
