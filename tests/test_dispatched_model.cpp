@@ -518,5 +518,23 @@ TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is
       load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1 << 14}}));
   CHECK(direct_kept == outputs);
   CHECK(direct_peak == outputs); // one chunk in place: the graph's results, handed over
+  // Into the caller's tensors: nothing kept; chunked, one chunk's results at a time.
+  TensorMap into;
+  for (const auto& [name, t] : load_model(stub, "eq").forward(in))
+    into[name] = at::empty_like(t);
+  const auto measure_into = [&](const auto& model) {
+    model.forward_into(in, into);
+    const auto before = counting.reset();
+    model.forward_into(in, into);
+    return std::pair{counting.live - before, counting.peak - before};
+  };
+  const auto [chunked_into_kept, chunked_into_peak] =
+      measure_into(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+  CHECK(chunked_into_kept == 0);
+  CHECK(chunked_into_peak == chunk);
+  const auto [pool_into_kept, pool_into_peak] = measure_into(
+      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
+  CHECK(pool_into_kept == 0);
+  CHECK(pool_into_peak == chunk);
   c10::SetCPUAllocator(counting.base, /*priority=*/101);
 }

@@ -101,6 +101,38 @@ public:
   }
   ///@}
 
+  /// @name Evaluation into the caller's tensors: one per result, keyed as the results
+  /// above are, of the result's shape, in the model's dtype, on any device, with any
+  /// strides whose elements are distinct (a slice, a transposed view). Chunks write
+  /// straight into the caller's rows; nothing of the outputs' size is allocated. Checked
+  /// before anything runs: a wrong tensor is a FatalError and the caller's data is left
+  /// as it was.
+  /// @code
+  /// auto stress = at::empty({batch, 6}, at::kDouble);   // allocated once, reused
+  /// model.forward_into({{"strain", strain}}, {{"stress", stress}});
+  /// @endcode
+  ///@{
+  void forward_into(const TensorMap& inputs, const TensorMap& outputs) const {
+    into(Operation::forward, inputs, {}, outputs, {}, {});
+  }
+  void jvp_into(const TensorMap& inputs, const TensorMap& tangents, const TensorMap& outputs,
+                const TensorMap& output_tangents) const {
+    into(Operation::jvp, inputs, tangents, outputs, output_tangents, {});
+  }
+  void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                     const VariablePairJacobian& J) const {
+    into(Operation::jacobian, inputs, {}, outputs, {}, J);
+  }
+  void param_jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                           const VariablePairJacobian& P) const {
+    into(Operation::param_jacobian, inputs, {}, outputs, {}, P);
+  }
+  void param_vjp_into(const TensorMap& inputs, const TensorMap& cotangents,
+                      const TensorMap& gradients) const {
+    into(Operation::param_vjp, inputs, cotangents, gradients, {}, {});
+  }
+  ///@}
+
   /// Calls `observer` once per chunk (see ChunkEvent); an empty one turns it off. Set it
   /// while no call is running.
   void set_observer(ChunkObserver observer) { _observer = std::move(observer); }
@@ -193,21 +225,43 @@ private:
     }
   }
 
-  std::vector<at::Tensor> dispatch(Operation op, const TensorMap& inputs,
-                                   const TensorMap& extras) const {
-    return detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
-      auto call = session().bind(op, inputs, extras, named_parameters(), {});
-      if constexpr (asynchronous)
-        return dispatch_async(op, call);
-      else
-        return dispatch_sync(op, call);
+  void into(Operation op, const TensorMap& inputs, const TensorMap& extras, const TensorMap& values,
+            const TensorMap& tangents, const VariablePairJacobian& blocks) const {
+    named([&] {
+      const auto destinations = detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
+        return session().destinations(op, values, tangents, blocks);
+      });
+      return dispatch(op, inputs, extras, &destinations);
     });
   }
 
-  // The whole call as one chunk on the input device: no slicing, no copy.
-  std::vector<at::Tensor> run_direct(Operation op, detail::BoundCall& call, std::size_t d) const {
+  // `into`: the caller's tensors for the results (see Session::destinations).
+  std::vector<at::Tensor> dispatch(Operation op, const TensorMap& inputs, const TensorMap& extras,
+                                   const detail::Destinations* into = nullptr) const {
+    return detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
+      auto call = session().bind(op, inputs, extras, named_parameters(), {});
+      auto targets =
+          into ? detail::writable(call, session().dtype(), *into) : std::vector<at::Tensor>{};
+      if constexpr (asynchronous)
+        return dispatch_async(op, call, std::move(targets));
+      else
+        return dispatch_sync(op, call, std::move(targets));
+    });
+  }
+
+  // The whole call as one chunk on the input device: no slicing, no copy (but into the
+  // caller's tensors, when given).
+  std::vector<at::Tensor> run_direct(Operation op, detail::BoundCall& call, std::size_t d,
+                                     const std::vector<at::Tensor>& targets) const {
     detail::ChunkArgs chunk;
     detail::take_all(call, _compute[d], chunk);
+    const auto deliver = [&](std::vector<at::Tensor> results) {
+      if (!targets.empty() && results.size() == targets.size()) {
+        detail::copy_into(targets, call, results);
+        return targets;
+      }
+      return results;
+    };
     std::vector<at::Tensor> results;
     try {
       if (_before_chunk)
@@ -217,9 +271,9 @@ private:
       if (!e.per_row())
         throw;
       detail::throw_failed_rows(e.converged_mask(), e.worst_residual(),
-                                detail::finish_whole(call, e.results()));
+                                deliver(detail::finish_whole(call, e.results())));
     }
-    return detail::finish_whole(call, std::move(results));
+    return deliver(detail::finish_whole(call, std::move(results)));
   }
 
   // One chunk's rows, run on device d and put in place (any thread).
@@ -244,7 +298,8 @@ private:
       detail::synchronize_current_stream(device);
   }
 
-  std::vector<at::Tensor> dispatch_sync(Operation op, detail::BoundCall& call) const {
+  std::vector<at::Tensor> dispatch_sync(Operation op, detail::BoundCall& call,
+                                        std::vector<at::Tensor> targets) const {
     const auto d = session_of(_policy.compute_device());
     const auto batch = call.batch;
     auto rows = static_cast<std::int64_t>(_policy.chunk_rows(batch));
@@ -255,13 +310,13 @@ private:
     rows = rows == 0 ? batch : std::min(rows, batch);
     if (batch > 0 && rows == batch && call.device == _compute[d]) {
       if (!_observer)
-        return run_direct(op, call, d);
+        return run_direct(op, call, d, targets);
       const auto start = clock::now();
-      auto results = run_direct(op, call, d);
+      auto results = run_direct(op, call, d, targets);
       _observer(event(0, d, 0, batch, seconds_since(start)));
       return results;
     }
-    detail::Gatherer results(call, session().dtype());
+    detail::Gatherer results(call, session().dtype(), /*concurrent=*/false, std::move(targets));
     std::size_t index = 0;
     for (std::int64_t first = 0; first < batch; first += rows, ++index) {
       const auto n = std::min(rows, batch - first);
@@ -293,10 +348,11 @@ private:
     std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
   };
 
-  std::vector<at::Tensor> dispatch_async(Operation op, detail::BoundCall& call) const {
+  std::vector<at::Tensor> dispatch_async(Operation op, detail::BoundCall& call,
+                                         std::vector<at::Tensor> targets) const {
     const auto batch = call.batch;
     if (batch == 0)
-      return detail::Gatherer(call, session().dtype()).finish();
+      return detail::Gatherer(call, session().dtype(), false, std::move(targets)).finish();
     auto& engine = *_engine;
     std::optional<detail::Gatherer> results; // made for the first chunk that is not direct
     std::vector<at::Tensor> direct;
@@ -326,12 +382,12 @@ private:
         ++progress.in_flight;
         if (n == batch && call.device == _compute[d]) { // one chunk in place: no pool, no copy
           lock.unlock();
-          complete(d, 0, n, 0, progress, [&] { direct = run_direct(op, call, d); });
+          complete(d, 0, n, 0, progress, [&] { direct = run_direct(op, call, d, targets); });
           lock.lock();
         } else
           try {
             if (!results)
-              results.emplace(call, session().dtype(), /*concurrent=*/true);
+              results.emplace(call, session().dtype(), /*concurrent=*/true, std::move(targets));
             engine.pool.submit(
                 d, [this, op, &call, &gather = *results, &progress, d, n, first, index] {
                   complete(d, first, n, index, progress,

@@ -102,6 +102,13 @@ public:
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
   param_jacobian_result(std::vector<at::Tensor>&& results) const;
   [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
+  /// The inverse: the caller's tensors for `op`'s results in slot order. `values` are the
+  /// outputs (the gradients for param_vjp), `tangents` the output tangents (jvp), `blocks`
+  /// the Jacobian (jacobian) or parameter Jacobian (param_jacobian) blocks. Every result
+  /// must be given, and nothing else: a FatalError names what is missing or unknown.
+  [[nodiscard]] detail::Destinations destinations(Operation op, const TensorMap& values,
+                                                  const TensorMap& tangents,
+                                                  const VariablePairJacobian& blocks) const;
   ///@}
 
 private:
