@@ -13,6 +13,9 @@ run() { # benchmark, baseline, candidate
   echo
 }
 run bench_sync_chunking loader_run dispatched
+"$NEML2_DISPATCH_VENV/bin/python" "$root/tools/bench_ratios.py" "$build/bench_sync_chunking.json" \
+  loader_run prepared
+echo
 if [ -x "$build/bench/bench_vs_neml2" ]; then
   run bench_vs_neml2 neml2_runtime dispatched
 fi

@@ -404,8 +404,31 @@ void reject_unknown(const TensorMap& given, const std::vector<std::string>& publ
 
 } // namespace
 
+std::vector<at::Tensor> Session::positional_inputs(const TensorMap& inputs) const {
+  const auto& m = *_impl;
+  reject_unknown(inputs, m.input_names, "input");
+  std::vector<at::Tensor> positional(m.input_names.size());
+  for (std::size_t i = 0; i < m.input_names.size(); ++i) {
+    const auto it = inputs.find(m.input_names[i]);
+    if (it == inputs.end())
+      throw FatalError(fmt::format("missing input '{}' (expected shape (B, {}) or ({})); this "
+                                   "model takes: {}",
+                                   m.input_names[i], fmt::join(m.input_trailing_shapes[i], ", "),
+                                   fmt::join(m.input_trailing_shapes[i], ", "),
+                                   names_text(m.input_names)));
+    positional[i] = it->second;
+  }
+  return positional;
+}
+
 detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const TensorMap& extras,
                                 const TensorMap& params,
+                                std::optional<c10::Device> required_device) const {
+  return bind(op, positional_inputs(inputs), extras, params, required_device);
+}
+
+detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
+                                const TensorMap& extras, const TensorMap& params,
                                 std::optional<c10::Device> required_device) const {
   const auto& m = *_impl;
   switch (op) {
@@ -426,19 +449,13 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
 
   detail::BoundCall call;
   Impl::Binder b{m, required_device, call, nullptr, {}};
-  reject_unknown(inputs, m.input_names, "input");
-  call.inputs.resize(m.input_names.size());
-  for (std::size_t i = 0; i < m.input_names.size(); ++i) {
-    const auto it = inputs.find(m.input_names[i]);
-    if (it == inputs.end())
-      throw FatalError(fmt::format("missing input '{}' (expected shape (B, {}) or ({})); this "
-                                   "model takes: {}",
-                                   m.input_names[i], fmt::join(m.input_trailing_shapes[i], ", "),
-                                   fmt::join(m.input_trailing_shapes[i], ", "),
-                                   names_text(m.input_names)));
-    call.inputs[i] = it->second;
+  if (inputs.size() != m.input_names.size())
+    throw FatalError(fmt::format("{} input tensors given, but this model takes {}, in this "
+                                 "order: {}",
+                                 inputs.size(), m.input_names.size(), names_text(m.input_names)));
+  call.inputs = std::move(inputs);
+  for (std::size_t i = 0; i < m.input_names.size(); ++i)
     b.check("input", m.input_names[i], call.inputs[i], m.input_trailing_shapes[i], m.dtype, true);
-  }
 
   const auto& specs = m.artifact->parameters;
   call.params.resize(specs.size());

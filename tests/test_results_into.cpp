@@ -163,3 +163,49 @@ TEST_CASE("a tensor that does not fit is refused before anything runs") {
   m.forward_into(in, {{"stress", stress}});
   test::check_close(stress, ref["b7/out/stress"], "stress after errors");
 }
+
+TEST_CASE("a prepared call: names bound once, tensors in order, the same results") {
+  const test::Reference ref("rates");
+  for (std::int64_t rows : {0, 5}) {
+    CAPTURE(rows);
+    const auto m = load_model(test::stub("rates", "eq"), "eq", SyncChunking{.batch_size = rows});
+    const auto in = ref.group("b33/in");
+    const auto expected = m.forward(in);
+    // The model's own order, and the reverse.
+    auto names = m.input_names();
+    for (int pass = 0; pass < 2; ++pass, std::reverse(names.begin(), names.end())) {
+      const auto call = m.prepare(names);
+      std::vector<at::Tensor> tensors;
+      for (const auto& n : names)
+        tensors.push_back(in.at(n));
+      const auto outputs = call.forward(tensors);
+      REQUIRE(outputs.size() == m.output_names().size());
+      std::vector<at::Tensor> into;
+      for (std::size_t o = 0; o < outputs.size(); ++o) {
+        CHECK(test::identical(outputs[o], expected.at(m.output_names()[o])));
+        into.push_back(strided_like(outputs[o]));
+      }
+      call.forward_into(tensors, into);
+      for (std::size_t o = 0; o < outputs.size(); ++o)
+        CHECK(test::identical(into[o], outputs[o]));
+    }
+  }
+  const auto m = load_model(test::stub("rates", "eq"), "eq");
+  CHECK(m.prepare().input_names() == m.input_names());
+  CHECK(contains(test::fatal_message([&] { return m.prepare({"a"}); }),
+                 "1 names given, but the model takes 8 inputs"));
+  auto names = m.input_names();
+  names[1] = names[0];
+  CHECK(contains(test::fatal_message([&] { return m.prepare(names); }), "named twice"));
+  names[1] = "z";
+  CHECK(contains(test::fatal_message([&] { return m.prepare(names); }),
+                 "'z' is not an input of this model"));
+  const auto call = m.prepare();
+  const auto one = at::zeros({2}, at::kDouble);
+  CHECK(contains(test::fatal_message([&] { return call.forward(std::vector<at::Tensor>{one}); }),
+                 "1 input tensors given, but this call was prepared for 8"));
+  const std::vector<at::Tensor> eight(8, one);
+  CHECK(
+      contains(test::fatal_message([&] { call.forward_into(eight, std::vector<at::Tensor>{one}); }),
+               "1 output tensors given, but the model has 3 outputs"));
+}

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <exception>
 #include <filesystem>
 #include <functional>
@@ -32,6 +33,8 @@ namespace neml2 {
 namespace detail {
 struct ModelAccess;
 }
+template <class Policy>
+class PreparedCall;
 
 /// @brief A compiled model dispatched by `Policy`: the Session surface, chunked.
 ///
@@ -133,6 +136,13 @@ public:
   }
   ///@}
 
+  /// A call bound once to `names` (default: input_names()), for hosts that call with the
+  /// same inputs over and over: then tensors in that order, results in output_names()
+  /// order, no name lookups and no maps. It refers to this model, which must outlive it.
+  [[nodiscard]] PreparedCall<Policy> prepare(std::vector<std::string> names = {}) const {
+    return PreparedCall<Policy>(*this, std::move(names));
+  }
+
   /// Calls `observer` once per chunk (see ChunkEvent); an empty one turns it off. Set it
   /// while no call is running.
   void set_observer(ChunkObserver observer) { _observer = std::move(observer); }
@@ -176,6 +186,7 @@ public:
 
 private:
   friend struct detail::ModelAccess;
+  friend class PreparedCall<Policy>;
   using ChunkHook = std::function<void(const ChunkEvent&)>;
 
   // The first session holds the master parameters and answers metadata queries.
@@ -235,11 +246,13 @@ private:
     });
   }
 
-  // `into`: the caller's tensors for the results (see Session::destinations).
-  std::vector<at::Tensor> dispatch(Operation op, const TensorMap& inputs, const TensorMap& extras,
+  // `inputs`: by name (a TensorMap) or in input_names() order (a vector). `into`: the
+  // caller's tensors for the results (see Session::destinations).
+  template <class Inputs>
+  std::vector<at::Tensor> dispatch(Operation op, Inputs&& inputs, const TensorMap& extras,
                                    const detail::Destinations* into = nullptr) const {
     return detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
-      auto call = session().bind(op, inputs, extras, named_parameters(), {});
+      auto call = session().bind(op, std::forward<Inputs>(inputs), extras, named_parameters(), {});
       auto targets =
           into ? detail::writable(call, session().dtype(), *into) : std::vector<at::Tensor>{};
       if constexpr (asynchronous)
@@ -500,6 +513,76 @@ struct ModelAccess {
   }
 };
 } // namespace detail
+
+/// @brief A DispatchedModel call bound once to input names (see DispatchedModel::prepare).
+/// @code
+/// const auto step = model.prepare({"strain"});
+/// auto stress = at::empty({batch, 6}, at::kDouble);
+/// for (...) step.forward_into({strain}, {stress});   // same results as forward()
+/// @endcode
+template <class Policy>
+class PreparedCall {
+public:
+  /// The outputs, in the model's output_names() order.
+  [[nodiscard]] std::vector<at::Tensor> forward(std::span<const at::Tensor> inputs) const {
+    return _model->dispatch(Operation::forward, in_model_order(inputs), {});
+  }
+  /// Into the caller's tensors, one per output in output_names() order.
+  void forward_into(std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs) const {
+    if (outputs.size() != _output_labels.size())
+      throw FatalError(std::to_string(outputs.size()) + " output tensors given, but the model " +
+                       "has " + std::to_string(_output_labels.size()) +
+                       " outputs; pass one per output, in output_names() order");
+    const detail::Destinations into{{outputs.begin(), outputs.end()}, _output_labels};
+    _model->named(
+        [&] { return _model->dispatch(Operation::forward, in_model_order(inputs), {}, &into); });
+  }
+  /// The input names this call takes, in order.
+  [[nodiscard]] const std::vector<std::string>& input_names() const noexcept { return _names; }
+
+private:
+  friend class DispatchedModel<Policy>;
+
+  PreparedCall(const DispatchedModel<Policy>& model, std::vector<std::string> names)
+      : _model(&model)
+      , _names(names.empty() ? model.input_names() : std::move(names)) {
+    const auto& all = model.input_names();
+    if (_names.size() != all.size())
+      throw FatalError("prepare(): " + std::to_string(_names.size()) + " names given, but the " +
+                       "model takes " + std::to_string(all.size()) + " inputs; name each once");
+    for (const auto& name : _names) {
+      const auto it = std::find(all.begin(), all.end(), name);
+      if (it == all.end() || std::count(_names.begin(), _names.end(), name) > 1)
+        throw FatalError("prepare(): '" + name + "' is " +
+                         (it == all.end() ? "not an input of this model" : "named twice") +
+                         "; name each input once");
+      _positions.push_back(static_cast<std::size_t>(it - all.begin()));
+    }
+    for (std::size_t i = 0; i < _positions.size(); ++i)
+      _in_order = _in_order && _positions[i] == i;
+    for (const auto& name : model.output_names())
+      _output_labels.push_back("output '" + name + "'");
+  }
+
+  std::vector<at::Tensor> in_model_order(std::span<const at::Tensor> inputs) const {
+    if (inputs.size() != _positions.size())
+      throw FatalError(std::to_string(inputs.size()) + " input tensors given, but this call " +
+                       "was prepared for " + std::to_string(_positions.size()) +
+                       "; pass them in the order given to prepare()");
+    if (_in_order)
+      return {inputs.begin(), inputs.end()};
+    std::vector<at::Tensor> ordered(inputs.size());
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      ordered[_positions[k]] = inputs[k];
+    return ordered;
+  }
+
+  const DispatchedModel<Policy>* _model;
+  std::vector<std::string> _names;
+  std::vector<std::size_t> _positions; // the k-th tensor given is input _positions[k]
+  bool _in_order = true;               // _positions is 0, 1, 2, ...
+  std::vector<std::string> _output_labels;
+};
 
 /// Loads `name` from a stub (or an artifact root) and runs whole batches on the CPU.
 inline DispatchedModel<SyncChunking> load_model(const std::filesystem::path& path,

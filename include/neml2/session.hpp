@@ -92,6 +92,12 @@ public:
   [[nodiscard]] detail::BoundCall bind(Operation op, const TensorMap& inputs,
                                        const TensorMap& extras, const TensorMap& params,
                                        std::optional<c10::Device> required_device) const;
+  /// The same with the inputs already in input_names() order (no name lookups).
+  [[nodiscard]] detail::BoundCall bind(Operation op, std::vector<at::Tensor> inputs,
+                                       const TensorMap& extras, const TensorMap& params,
+                                       std::optional<c10::Device> required_device) const;
+  /// The inputs in input_names() order; a FatalError for a missing or unknown name.
+  [[nodiscard]] std::vector<at::Tensor> positional_inputs(const TensorMap& inputs) const;
   /// Runs `op` on one chunk (see detail::ChunkArgs); results in slot order.
   [[nodiscard]] std::vector<at::Tensor> run(Operation op, detail::ChunkArgs& chunk) const;
   /// The positional results of each operation as the public maps.
