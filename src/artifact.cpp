@@ -191,6 +191,15 @@ std::vector<std::string> names_of(const json& list, const std::string& field, co
   return names;
 }
 
+// Calls f(entry, "<field>.<key>[i]") for each entry of the array s[key].
+template <class F>
+void each_entry(const json& s, const char* key, const std::string& field, const JsonReader& r,
+                F&& f) {
+  const auto& list = r.array(s, key, field);
+  for (std::size_t i = 0; i < list.size(); ++i)
+    f(list[i], fmt::format("{}.{}[{}]", field, key, i));
+}
+
 ForwardSegment read_segment(const json& s, const std::string& field, const JsonReader& r) {
   ForwardSegment seg;
   seg.package = r.get<std::string>(s, "package", field);
@@ -198,17 +207,14 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
   seg.outputs = names_of(r.array(s, "outputs", field), field + ".outputs", r);
   seg.param_inputs = r.get_or<std::vector<std::string>>(s, "param_inputs", field, {});
   seg.jvp_package = r.get_or<std::string>(s, "jvp_package", field, "");
-  if (!seg.jvp_package.empty()) {
-    const auto& pairs = r.array(s, "jacobian_pairs", field);
-    for (std::size_t i = 0; i < pairs.size(); ++i) {
-      const auto f = fmt::format("{}.jacobian_pairs[{}]", field, i);
+  if (!seg.jvp_package.empty())
+    each_entry(s, "jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
       seg.jacobian_pairs.push_back(
-          {r.get<std::string>(pairs[i], "out_var", f), r.get<std::string>(pairs[i], "in_var", f),
-           r.get<Shape>(pairs[i], "out_base_shape", f), r.get<Shape>(pairs[i], "in_base_shape", f),
-           r.get_or<Shape>(pairs[i], "in_sub_batch_shape", f, {}),
-           r.get_or<bool>(pairs[i], "batch_independent", f, false)});
-    }
-  }
+          {r.get<std::string>(p, "out_var", f), r.get<std::string>(p, "in_var", f),
+           r.get<Shape>(p, "out_base_shape", f), r.get<Shape>(p, "in_base_shape", f),
+           r.get_or<Shape>(p, "in_sub_batch_shape", f, {}),
+           r.get_or<bool>(p, "batch_independent", f, false)});
+    });
   seg.param_jacobian_package = r.get_or<std::string>(s, "param_jacobian_package", field, "");
   if (!seg.param_jacobian_package.empty()) {
     const auto& pairs = r.array(s, "param_jacobian_pairs", field);
@@ -226,6 +232,132 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
     seg.param_vjp_outputs = r.get<std::vector<std::string>>(s, "param_vjp_outputs", field);
   }
   return seg;
+}
+
+// A feature of an implicit segment this runtime does not run: refused at load, never a
+// wrong answer at run time.
+[[noreturn]] void unsupported(const JsonReader& r, const std::string& field,
+                              const std::string& feature, const std::string& fix) {
+  throw FatalError(fmt::format("{}: {} uses {}, which neml2-dispatch does not support yet; {}",
+                               r.file, field, feature, fix));
+}
+
+std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char* key,
+                                                      const std::string& field,
+                                                      const JsonReader& r) {
+  std::vector<ImplicitVariable> vars;
+  each_entry(s, key, field, r, [&](const json& entry, const std::string& f) {
+    ImplicitVariable v;
+    v.name = r.get<std::string>(entry, "name", f);
+    v.var_size = r.get<std::int64_t>(entry, "var_size", f);
+    v.base_shape = r.get<Shape>(entry, "base_shape", f);
+    if (!r.get_or<Shape>(entry, "sub_batch_shape", f, {}).empty())
+      unsupported(r, f, "a sub-batched implicit variable",
+                  "solve it with eager NEML2 or without sub-batch axes");
+    v.role = r.get_or<std::string>(entry, "role", f, "static");
+    if (entry.contains("pair") && entry["pair"].is_string())
+      v.pair = entry["pair"].get<std::string>();
+    vars.push_back(std::move(v));
+  });
+  return vars;
+}
+
+std::vector<VariableGroup> read_groups(const json& s, const char* key, const std::string& field,
+                                       const JsonReader& r) {
+  std::vector<VariableGroup> groups;
+  each_entry(s, key, field, r, [&](const json& entry, const std::string& f) {
+    const auto structure = r.get<std::string>(entry, "structure", f);
+    if (structure != "dense")
+      unsupported(r, f, fmt::format("a '{}' variable group", structure),
+                  "only dense groups run here");
+    if (!r.get_or<Shape>(entry, "sub_batch_shape", f, {}).empty())
+      unsupported(r, f, "a sub-batched variable group", "only plain-batch groups run here");
+    groups.push_back({r.get<std::vector<std::string>>(entry, "var_names", f)});
+  });
+  return groups;
+}
+
+std::vector<std::string> optional_names(const json& s, const char* key, const std::string& field,
+                                        const JsonReader& r) {
+  return s.contains(key) ? names_of(r.array(s, key, field), field + "." + key, r)
+                         : std::vector<std::string>{};
+}
+
+ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
+                                      const JsonReader& r) {
+  for (const auto* key : {"matvec_package", "precond_setup_package", "precond_apply_package"})
+    if (s.contains(key))
+      unsupported(r, field, fmt::format("a Krylov linear solve ({})", key),
+                  "compile the model with a direct linear solver (DenseLU)");
+  if (s.contains("predictor_feedback"))
+    unsupported(r, field, "an iterated predictor (predictor_feedback)",
+                "use a predictor without feedback iterations");
+  ImplicitSegment seg;
+  seg.residual_package = r.get<std::string>(s, "residual_package", field);
+  seg.jacobian_package = r.get_or<std::string>(s, "jacobian_package", field, "");
+  seg.solve_package = r.get_or<std::string>(s, "solve_package", field, "");
+  if (seg.jacobian_package.empty() || seg.solve_package.empty())
+    r.fail(field + ".solve_package", "a direct-solve segment needs jacobian_package and "
+                                     "solve_package");
+  seg.jacobian_given_package = r.get_or<std::string>(s, "jacobian_given_package", field, "");
+  seg.solve_ift_package = r.get_or<std::string>(s, "solve_ift_package", field, "");
+  if (!seg.jacobian_given_package.empty() && seg.solve_ift_package.empty())
+    unsupported(r, field, "an iterative input-sensitivity solve (no solve_ift_package)",
+                "compile the model with a direct linear solver");
+  seg.predictor_package = r.get_or<std::string>(s, "predictor_package", field, "");
+  seg.predictor_inputs = optional_names(s, "predictor_inputs", field, r);
+  seg.predictor_outputs = optional_names(s, "predictor_outputs", field, r);
+  seg.unknowns = read_implicit_variables(s, "unknowns", field, r);
+  seg.residuals = read_implicit_variables(s, "residuals", field, r);
+  seg.givens = read_implicit_variables(s, "givens", field, r);
+  seg.unknown_groups = read_groups(s, "unknown_group_infos", field, r);
+  seg.given_groups = read_groups(s, "given_group_infos", field, r);
+  seg.residual_groups = read_groups(s, "residual_group_infos", field, r);
+  seg.param_inputs = r.get_or<std::vector<std::string>>(s, "param_inputs", field, {});
+  seg.max_substepping_level = r.get_or<std::int64_t>(s, "max_substepping_level", field, 0);
+  if (seg.max_substepping_level > 0)
+    unsupported(r, field, "adaptive substepping (max_substepping_level > 0)",
+                "set max_substepping_level = 0 on the ImplicitUpdate and recompile, or cut "
+                "the step in the host on ConvergenceError");
+  seg.incremental_variables =
+      r.get_or<std::vector<std::string>>(s, "incremental_variables", field, {});
+  if (s.contains("input_sensitivity")) {
+    const auto kind =
+        r.get<std::string>(s["input_sensitivity"], "kind", field + ".input_sensitivity");
+    if (kind != "direct")
+      unsupported(r, field, fmt::format("a '{}' input sensitivity solve", kind),
+                  "compile the model with a direct linear solver");
+  }
+  if (s.contains("jacobian_pairs"))
+    each_entry(s, "jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
+      seg.jacobian_pairs.push_back(
+          {r.get<std::string>(p, "out_var", f), r.get<std::string>(p, "in_var", f),
+           r.get<Shape>(p, "out_base_shape", f), r.get<Shape>(p, "in_base_shape", f),
+           r.get_or<std::int64_t>(p, "row_offset", f, 0),
+           r.get_or<std::int64_t>(p, "col_offset", f, 0)});
+    });
+  return seg;
+}
+
+SolverConfig read_solver_config(const json& c, const JsonReader& r) {
+  SolverConfig config;
+  const std::string f = "solver_config";
+  config.atol = r.get_or<double>(c, "atol", f, config.atol);
+  config.rtol = r.get_or<double>(c, "rtol", f, config.rtol);
+  config.miters = r.get_or<std::int64_t>(c, "miters", f, config.miters);
+  config.substep_del_tol = r.get_or<double>(c, "substep_del_tol", f, config.substep_del_tol);
+  config.ls_type = r.get_or<std::string>(c, "ls_type", f, config.ls_type);
+  config.ls_max_iters = r.get_or<std::int64_t>(c, "ls_max_iters", f, config.ls_max_iters);
+  config.ls_cutback = r.get_or<double>(c, "ls_cutback", f, config.ls_cutback);
+  config.ls_c = r.get_or<double>(c, "ls_c", f, config.ls_c);
+  config.solver_kind = r.get_or<std::string>(c, "solver_kind", f, config.solver_kind);
+  if (config.solver_kind != "direct")
+    unsupported(r, f, fmt::format("solver_kind '{}'", config.solver_kind),
+                "compile the model with a direct linear solver (DenseLU)");
+  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
+    unsupported(r, f, fmt::format("a '{}' line search", config.ls_type),
+                "use linesearch_type = BACKTRACKING (or no line search)");
+  return config;
 }
 
 std::string list_leaves(const fs::path& root) {
@@ -334,16 +466,24 @@ Artifact read_artifact(const fs::path& root) {
   for (std::size_t i = 0; i < segments.size(); ++i) {
     const auto field = fmt::format("segments[{}]", i);
     const auto kind = r.get<std::string>(segments[i], "kind", field);
-    if (kind != "forward")
-      throw FatalError(fmt::format("{}: {} is a '{}' segment; this version of neml2-dispatch "
-                                   "runs forward models only (no implicit solves yet)",
+    if (kind == "forward")
+      a.segments.emplace_back(read_segment(segments[i], field, r));
+    else if (kind == "implicit")
+      a.segments.emplace_back(read_implicit_segment(segments[i], field, r));
+    else
+      throw FatalError(fmt::format("{}: {} is a '{}' segment; neml2-dispatch runs 'forward' and "
+                                   "'implicit' segments: regenerate the artifact with "
+                                   "neml2-compile 3.1",
                                    file.string(), field, kind));
-    a.segments.push_back(read_segment(segments[i], field, r));
   }
-  if (a.segments.size() != 1)
-    throw FatalError(fmt::format("{}: {} segments; this version of neml2-dispatch runs "
-                                 "single-segment forward models only",
-                                 file.string(), a.segments.size()));
+  if (a.segments.empty())
+    r.fail("segments", "empty");
+  if (meta.contains("derivatives"))
+    for (const auto& pair : r.get<std::vector<std::vector<std::string>>>(meta, "derivatives", ""))
+      if (pair.size() == 2)
+        a.derivatives.emplace_back(pair[0], pair[1]);
+  if (meta.contains("solver_config"))
+    a.solver_config = read_solver_config(meta["solver_config"], r);
   return a;
 }
 

@@ -16,6 +16,8 @@
 #include <neml2/detail/chunking.hpp>
 #include <neml2/session.hpp>
 
+#include "segment_chain.hpp"
+
 namespace fs = std::filesystem;
 
 namespace neml2 {
@@ -134,8 +136,10 @@ struct Session::Impl {
   Device device;
   c10::Device torch_device = c10::kCPU;
   c10::ScalarType dtype;
+  std::size_t runners = 1; // AOTI runners per graph: calls that may run at once
   fs::path leaf;
-  const ForwardSegment* segment = nullptr;
+  const ForwardSegment* segment = nullptr;     // a single forward segment, called directly
+  std::unique_ptr<detail::SegmentChain> chain; // anything else: segments in order, Newton
   Graph value_graph, jvp_graph, param_jacobian_graph, param_vjp_graph;
 
   // Public names and shapes, master order.
@@ -208,6 +212,56 @@ struct Session::Impl {
     return block.expand(sizes);
   }
 
+  // A composed model: the chain runs its segments; Jacobian blocks are the `derivatives`.
+  void make_chain() {
+    chain = std::make_unique<detail::SegmentChain>(
+        *artifact, [this](const std::string& package, const char* listed_as) -> detail::GraphFn {
+          auto graph = std::make_shared<Graph>(
+              load_graph(leaf, package, torch_device, dtype, runners, listed_as));
+          if (!*graph)
+            return {};
+          // Graphs read their inputs as dense row-major arrays, but results of graphs can
+          // come back column-major (J2's flow direction has strides (1, B)).
+          return [this, graph](const std::vector<at::Tensor>& args) {
+            std::vector<at::Tensor> dense;
+            dense.reserve(args.size());
+            for (const auto& t : args)
+              dense.push_back(t.is_contiguous() ? t : t.contiguous());
+            return call(*graph, dense);
+          };
+        });
+    for (const auto& [o, i] : chain->jacobian_blocks()) {
+      jacobian_blocks.push_back({o, i});
+      jacobian_slots.push_back(
+          {detail::Gather::rows, concat({&output_base_shapes[o], &input_base_shapes[i]})});
+    }
+  }
+
+  // The graphs `op` needs are there (checked before anything else of a call).
+  void require_operation(Operation op) const {
+    const bool parameter_op = op == Operation::param_jacobian || op == Operation::param_vjp;
+    if (chain && parameter_op)
+      throw FatalError(fmt::format(
+          "{}: parameter derivatives of a composed (multi-segment or implicit) model are not "
+          "supported by neml2-dispatch yet; use eager NEML2 for them",
+          artifact->root.string()));
+    switch (op) {
+    case Operation::jvp:
+    case Operation::jacobian:
+      require(chain ? chain->has_input_derivatives() : bool(jvp_graph),
+              op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
+      break;
+    case Operation::param_jacobian:
+      require(bool(param_jacobian_graph), "param_jacobian", "-p PARAM -d OUT:PARAM");
+      break;
+    case Operation::param_vjp:
+      require(bool(param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
+      break;
+    case Operation::forward:
+      break;
+    }
+  }
+
   void require(bool has_graph, const char* op, const std::string& fix) const {
     if (!has_graph)
       throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
@@ -222,13 +276,12 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   auto& m = *_impl;
   m.artifact = std::move(artifact);
   m.dtype = dtype;
+  m.runners = std::max<std::size_t>(concurrency, 1);
   m.leaf = m.artifact->leaf(device, dtype);
   m.torch_device =
       detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
   m.device = Device(m.torch_device);
   const auto& a = *m.artifact;
-  m.segment = &a.segments.front();
-  const auto& seg = *m.segment;
 
   for (const auto& v : a.inputs) {
     m.input_index[v.name] = m.input_names.size();
@@ -248,6 +301,22 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     const auto values = at::tensor(p.values, at::kDouble).reshape(p.shape);
     m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
   }
+
+  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there).
+  std::vector<std::int64_t> sub_batch;
+  for (const auto& v : a.inputs)
+    sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
+  for (const auto& s : m.output_base_shapes)
+    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
+  m.jvp_slots = m.forward_slots;
+  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
+  m.jacobian_slots = m.forward_slots;
+  if (!a.single_forward()) {
+    m.make_chain();
+    return;
+  }
+  m.segment = &std::get<ForwardSegment>(a.segments.front());
+  const auto& seg = *m.segment;
 
   const auto position = [&](const std::map<std::string, std::size_t>& index,
                             const std::string& name, const char* what) {
@@ -283,15 +352,6 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   for (const auto& n : seg.param_vjp_outputs)
     m.vjp_cotangents.push_back(position(m.output_index, n, "output"));
 
-  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there).
-  std::vector<std::int64_t> sub_batch;
-  for (const auto& v : a.inputs)
-    sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
-  for (const auto& s : m.output_base_shapes)
-    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
-  m.jvp_slots = m.forward_slots;
-  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
-  m.jacobian_slots = m.forward_slots;
   for (const auto& p : seg.jacobian_pairs)
     m.jacobian_slots.push_back(
         {p.batch_independent ? detail::Gather::shared : detail::Gather::rows,
@@ -302,8 +362,7 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
 
   const auto load = [&](const std::string& package, const char* listed_as) {
-    return load_graph(m.leaf, package, m.torch_device, dtype, std::max<std::size_t>(concurrency, 1),
-                      listed_as);
+    return load_graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
   };
   m.value_graph = load(seg.package, "package");
   m.jvp_graph = load(seg.jvp_package, "jvp_package");
@@ -431,22 +490,7 @@ detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
                                 const TensorMap& extras, const TensorMap& params,
                                 std::optional<c10::Device> required_device) const {
   const auto& m = *_impl;
-  switch (op) {
-  case Operation::jvp:
-  case Operation::jacobian:
-    m.require(bool(m.jvp_graph), op == Operation::jvp ? "jvp" : "jacobian",
-              "-d OUT:IN (or -d : for every pair)");
-    break;
-  case Operation::param_jacobian:
-    m.require(bool(m.param_jacobian_graph), "param_jacobian", "-p PARAM -d OUT:PARAM");
-    break;
-  case Operation::param_vjp:
-    m.require(bool(m.param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
-    break;
-  case Operation::forward:
-    break;
-  }
-
+  m.require_operation(op);
   detail::BoundCall call;
   Impl::Binder b{m, required_device, call, nullptr, {}};
   if (inputs.size() != m.input_names.size())
@@ -469,6 +513,13 @@ detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
     call.params[i] = it->second;
     params_batched[i] = b.check("parameter", specs[i].public_name, call.params[i],
                                 specs[i].base_shape, specs[i].dtype.value_or(m.dtype), false);
+    if (m.chain && params_batched[i] && m.chain->solves_with_parameter(i))
+      throw FatalError(fmt::format("parameter '{}' has one value per row, but an implicit "
+                                   "segment of '{}' takes it as one value for every row; give it "
+                                   "shape ({}) or load an artifact where it stays outside the "
+                                   "solve",
+                                   specs[i].public_name, m.artifact->root.string(),
+                                   fmt::join(specs[i].base_shape, ", ")));
   }
   if (params.size() != specs.size())
     for (const auto& [name, t] : params)
@@ -534,6 +585,8 @@ detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
 
 std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) const {
   const auto& m = *_impl;
+  if (m.chain)
+    return m.chain->run(op, chunk);
   switch (op) {
   case Operation::forward: {
     auto results = m.run_graph(m.value_graph, chunk);
@@ -681,6 +734,7 @@ detail::Destinations Session::destinations(Operation op, const TensorMap& values
                                            const TensorMap& tangents,
                                            const VariablePairJacobian& blocks) const {
   const auto& m = *_impl;
+  m.require_operation(op);
   detail::Destinations into;
   if (op == Operation::param_vjp) {
     std::vector<std::string> grads;
@@ -733,8 +787,31 @@ std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs
       return detail::Gatherer(call, _impl->dtype).finish();
     detail::ChunkArgs chunk;
     detail::take_all(call, _impl->torch_device, chunk);
-    return detail::finish_whole(call, run(op, chunk));
+    try {
+      return detail::finish_whole(call, run(op, chunk));
+    } catch (const ConvergenceError& e) {
+      if (!e.per_row())
+        throw;
+      auto results = detail::finish_whole(call, e.results());
+      auto outputs = forward_result(std::vector<at::Tensor>(
+          results.begin(), results.begin() + static_cast<std::ptrdiff_t>(output_names().size())));
+      throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), std::move(results),
+                             std::move(outputs));
+    }
   });
+}
+
+const SolverConfig& Session::solver_config() const {
+  if (!_impl->chain || !_impl->artifact->solver_config)
+    throw FatalError(fmt::format("solver_config(): artifact '{}' has no implicit segment, so "
+                                 "no Newton solve to configure",
+                                 _impl->artifact->root.string()));
+  return _impl->chain->solver_config();
+}
+
+void Session::set_solver_config(const SolverConfig& config) {
+  static_cast<void>(solver_config()); // the same error for a model without a solve
+  _impl->chain->set_solver_config(config);
 }
 
 TensorMap Session::forward(const TensorMap& inputs) const {

@@ -1,6 +1,7 @@
 // Reading what neml2-compile writes, and an error naming the file and the fix for each
 // malformed case.
 
+#include <array>
 #include <atomic>
 #include <fstream>
 
@@ -43,6 +44,18 @@ std::string read(const fs::path& file) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// Rewrites a copied root's metadata.json: one replacement at a time, from the original.
+auto metadata_rewriter(const fs::path& root) {
+  const auto meta = root / "metadata.json";
+  return [meta, original = read(meta)](const std::string& from, const std::string& to) {
+    auto text = original;
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+    std::ofstream(meta) << text;
+  };
+}
+
 } // namespace
 
 TEST_CASE("a real artifact: variables, segment and graphs") {
@@ -59,7 +72,7 @@ TEST_CASE("a real artifact: variables, segment and graphs") {
   CHECK(a.outputs[0].name == "stress");
   CHECK(a.parameters.empty());
   REQUIRE(a.segments.size() == 1);
-  const auto& seg = a.segments[0];
+  const auto& seg = std::get<ForwardSegment>(a.segments[0]);
   CHECK(seg.package == "elasticity.pt2");
   CHECK(seg.jvp_package == "elasticity_jvp.pt2");
   REQUIRE(seg.jacobian_pairs.size() == 1);
@@ -75,7 +88,7 @@ TEST_CASE("promoted parameters with their stored values") {
   CHECK(a.parameters[0].base_shape.empty());
   CHECK(a.parameters[1].name == "elasticity.nu");
   CHECK(a.parameters[1].values == std::vector<double>{0.3});
-  const auto& seg = a.segments[0];
+  const auto& seg = std::get<ForwardSegment>(a.segments[0]);
   CHECK(seg.param_inputs == std::vector<std::string>{"elasticity.E", "elasticity.nu"});
   CHECK(seg.param_jacobian_pairs.size() == 2);
   CHECK(seg.param_vjp_params == std::vector<std::string>{"elasticity.E", "elasticity.nu"});
@@ -92,7 +105,8 @@ TEST_CASE("renamed boundaries, no stub: public names follow the aliases") {
   CHECK(a.outputs[0].public_name == "sig");
   CHECK(a.parameters[0].name == "elasticity.E");
   CHECK(a.parameters[0].public_name == "youngs_modulus");
-  CHECK(a.segments[0].inputs == std::vector<std::string>{"strain"}); // internal names
+  CHECK(std::get<ForwardSegment>(a.segments[0]).inputs ==
+        std::vector<std::string>{"strain"}); // internal names
 
   const auto message = test::fatal_message([&] { return a.leaf("cpu", at::kFloat); });
   CHECK(contains(message, "no graphs for device cpu and dtype float32"));
@@ -187,15 +201,7 @@ TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case"
 TEST_CASE("metadata.json: every malformed case names the file and the fix") {
   Scratch s;
   const auto root = s.copy_root("elasticity", "elasticity");
-  const auto meta = root / "metadata.json";
-  const auto original = read(meta);
-  const auto rewrite = [&](const std::string& from, const std::string& to) {
-    auto text = original;
-    const auto at = text.find(from);
-    REQUIRE(at != std::string::npos);
-    text.replace(at, from.size(), to);
-    std::ofstream(meta) << text;
-  };
+  const auto rewrite = metadata_rewriter(root);
 
   SUBCASE("no metadata.json") {
     const auto message = test::fatal_message([&] { return read_artifact(s.dir); });
@@ -223,10 +229,10 @@ TEST_CASE("metadata.json: every malformed case names the file and the fix") {
     CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
                    "field 'segments[0].package'"));
   }
-  SUBCASE("an implicit segment") {
+  SUBCASE("a forward segment marked implicit") {
     rewrite("\"kind\": \"forward\"", "\"kind\": \"implicit\"");
     CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
-                   "segments[0] is a 'implicit' segment"));
+                   "field 'segments[0].residual_package': missing"));
   }
   SUBCASE("a graph file listed but missing") {
     fs::remove(root / "cpu" / "float64" / "elasticity_jvp.pt2");
@@ -242,4 +248,25 @@ TEST_CASE("dtype folder names") {
   CHECK(
       contains(test::fatal_message([] { return dtype_folder(at::kHalf); }), "float64 or float32"));
   CHECK((dtype_from_name("torch.int64") == at::kLong));
+}
+
+TEST_CASE("implicit features not run here are refused at load, naming the feature") {
+  const Scratch s;
+  const auto root = s.copy_root("scalar_backward_euler", "model");
+  CHECK_NOTHROW(static_cast<void>(read_artifact(root)));
+  const auto rewrite = metadata_rewriter(root);
+  const std::array<std::array<std::string, 3>, 4> refused = {{
+      {"\"ls_type\": \"BACKTRACKING\",\n    \"ls_max_iters\": 1",
+       "\"ls_type\": \"STRONG_WOLFE\", \"ls_max_iters\": 5", "a 'STRONG_WOLFE' line search"},
+      {"\"solver_kind\": \"direct\"", "\"solver_kind\": \"krylov\"",
+       "solver_kind 'krylov', which neml2-dispatch does not support yet"},
+      {"\"max_substepping_level\": 0", "\"max_substepping_level\": 3",
+       "adaptive substepping (max_substepping_level > 0)"},
+      {"\"kind\": \"implicit\"", "\"kind\": \"iterative\"", "segments[0] is a 'iterative' segment"},
+  }};
+  for (const auto& [from, to, message] : refused) {
+    CAPTURE(to);
+    rewrite(from, to);
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }), message));
+  }
 }

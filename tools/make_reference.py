@@ -17,6 +17,14 @@ little-endian values), which tests/support/reference.hpp reads. Tensors are name
   set/...                              forward after set_parameter (--param)
   pbatch/...                           the first parameter batched (B=7): forward and the
                                        per-row VJP (from the eager parameter Jacobian)
+
+    make_reference.py INPUT.i --model NAME --out DIR --history STEPS [--derivatives]
+
+For implicit models: a strain-driven history of STEPS steps over HISTORY_ROWS rows whose
+loads range from elastic to far past yield. Each row is solved by eager NEML2 on its own
+(batch 1), so its Newton iterations are its own, as they are in a per-row solver:
+
+  s<n>/in/<x>, s<n>/out/<y>, s<n>/jac/<y>/<x>   step n = 0, 1, ...
 """
 
 import argparse
@@ -126,7 +134,65 @@ def parameter_case(store, model, case, inputs, batch, params, gen, model_name):
     return pjac, cot
 
 
+HISTORY_ROWS = 20
+
+
+STRAIN_PER_STEP = 0.008  # the largest row's strain increment (--strain-per-step)
+
+
+def history_force(name, shape, step, rows):
+    """The prescribed value of a force at a step: a strain ramp whose size grows across
+    rows (the first rows stay elastic, the last go far past yield), the time, or a per-row
+    constant for anything else."""
+    frac = torch.linspace(0.0, 1.0, rows).reshape(rows, *([1] * len(shape)))
+    if name == "t":
+        return torch.full((rows,), 0.1 * step)
+    if len(shape) == 1 and shape[0] == 6:  # a strain: uniaxial-ish, rotating per row
+        direction = torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 0.0]).expand(rows, 6).clone()
+        direction[:, 3] = 0.3 * frac[:, 0]
+        return STRAIN_PER_STEP / 1.05 * step * (0.05 + frac) * direction
+    return (0.5 + frac).reshape(rows, *shape).expand(rows, *shape).clone()
+
+
+def history_case(store, model, steps, derivatives):
+    rows = HISTORY_ROWS
+    spec = {name: list(typ.BASE_SHAPE) for name, typ in model.input_spec.items()}
+    outputs = set(model.output_spec)
+    previous = {}
+    for step in range(steps):
+        inputs = {}
+        for name, shape in spec.items():
+            base = name[:-2] if name.endswith("~1") else name
+            if name.endswith("~1") and base in outputs:
+                inputs[name] = previous.get(base, torch.zeros(rows, *shape))
+            elif name.endswith("~1") and base in spec:
+                inputs[name] = history_force(base, spec[base], step, rows)
+            elif name.endswith("~1") or name in outputs:  # old unknowns, initial guesses
+                inputs[name] = previous.get(base, torch.zeros(rows, *shape))
+            else:
+                inputs[name] = history_force(name, shape, step + 1, rows)
+        case = f"s{step}"
+        for name, v in inputs.items():
+            store.put(f"{case}/in/{name}", v)
+        results, jacobians = {}, {}
+        for r in range(rows):  # one row per solve: its own Newton iterations
+            row = {n: v[r : r + 1] for n, v in inputs.items()}
+            for name, v in model.call_by_name(row).items():
+                results.setdefault(name, []).append(raw(v).detach())
+            if derivatives:
+                _, jac = model.jacobian(row)
+                for out, blocks in jac.items():
+                    for inp, block in blocks.items():
+                        jacobians.setdefault((out, inp), []).append(raw(block).detach())
+        for name, parts in results.items():
+            previous[name] = torch.cat(parts)
+            store.put(f"{case}/out/{name}", previous[name])
+        for (out, inp), parts in jacobians.items():
+            store.put(f"{case}/jac/{out}/{inp}", torch.cat(parts))
+
+
 def main():
+    global STRAIN_PER_STEP
     parser = argparse.ArgumentParser()
     parser.add_argument("input")
     parser.add_argument("--model", required=True)
@@ -138,6 +204,10 @@ def main():
     parser.add_argument("--batch", type=int, action="append",
                         help="forward cases at these batch sizes only (default: "
                              "all the cases above)")
+    parser.add_argument("--history", type=int, metavar="STEPS",
+                        help="a load history of STEPS steps (implicit models)")
+    parser.add_argument("--strain-per-step", type=float, default=STRAIN_PER_STEP,
+                        help="the largest strain increment of a --history")
     args = parser.parse_args()
 
     for spec in args.sub_batch:
@@ -147,6 +217,12 @@ def main():
     gen = torch.Generator().manual_seed(20261129)
     model = neml2.load_model(args.input, args.model)
     store = Store()
+
+    if args.history:
+        STRAIN_PER_STEP = args.strain_per_step
+        history_case(store, model, args.history, args.derivatives)
+        store.write(Path(args.out))
+        return 0
 
     if args.batch:
         for batch in args.batch:

@@ -10,6 +10,8 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
+#include <variant>
 #include <vector>
 
 #include <c10/core/ScalarType.h>
@@ -69,13 +71,87 @@ struct ForwardSegment {
   std::vector<std::string> param_vjp_params, param_vjp_outputs;
 };
 
+/// A variable of an implicit segment: unknown, residual or given (flattened per row to
+/// `var_size` values inside its group).
+struct ImplicitVariable {
+  std::string name;
+  std::int64_t var_size = 1;
+  Shape base_shape;
+  /// Givens only: how substepping treats it (static, old_state, cur_force, old_force)
+  /// and the variable it pairs with (empty when none).
+  std::string role, pair;
+};
+
+/// One entry of `unknown_group_infos` / `given_group_infos` / `residual_group_infos`:
+/// the variables packed side by side into one graph argument `(B, sum of var_size)`.
+struct VariableGroup {
+  std::vector<std::string> names;
+};
+
+/// One block du/dg of the solve_ift graph, at its flat offsets in -A^{-1}B.
+struct ImplicitJacobianPair {
+  std::string unknown, given;
+  Shape unknown_base_shape, given_base_shape;
+  std::int64_t row_offset = 0, col_offset = 0;
+};
+
+/// An implicit segment: the graphs of one Newton solve (file names inside a leaf folder).
+/// Every graph takes the unknown groups, then the given groups, then `param_inputs`
+/// (stored, not per row); residual returns b = -r per residual group; jacobian returns the
+/// (residual group x unknown group) blocks of A = dr/du then b; solve takes A, b and
+/// returns du (u += du); jacobian_given returns the blocks of B = dr/dg; solve_ift takes
+/// A, B and returns du/dg per `jacobian_pairs` entry.
+struct ImplicitSegment {
+  std::string residual_package, jacobian_package, solve_package;
+  std::string jacobian_given_package, solve_ift_package; ///< input derivatives (-d)
+  std::string predictor_package;                         ///< optional initial guess
+  std::vector<std::string> predictor_inputs, predictor_outputs;
+  std::vector<ImplicitVariable> unknowns, residuals, givens;
+  std::vector<VariableGroup> unknown_groups, given_groups, residual_groups;
+  std::vector<std::string> param_inputs;
+  std::int64_t max_substepping_level = 0;
+  std::vector<std::string> incremental_variables;
+  std::vector<ImplicitJacobianPair> jacobian_pairs;
+};
+
+/// One step of the model: a forward graph, or a Newton solve.
+using Segment = std::variant<ForwardSegment, ImplicitSegment>;
+
+/// The Newton settings of an implicit model (metadata.json `solver_config`), with NEML2's
+/// meanings: converged when ||r|| < atol or ||r|| / ||r0|| < rtol; `miters = N` allows N - 1
+/// updates; line search only when `ls_max_iters > 1`.
+struct SolverConfig {
+  double atol = 1e-10;
+  double rtol = 1e-8;
+  std::int64_t miters = 25;
+  double substep_del_tol = 1e-6;
+  std::string ls_type = "BACKTRACKING"; ///< or "STRONG_WOLFE"
+  std::int64_t ls_max_iters = 1;
+  double ls_cutback = 2.0;
+  double ls_c = 1e-3;
+  std::string solver_kind = "direct";
+  /// Ours, not NEML2's: the working set of rows is compacted to the rows still iterating
+  /// once they are at most this fraction of it (0 never compacts: converged rows are
+  /// still evaluated, masked; 1 compacts whenever a row converged). See docs/performance.md.
+  double compact_below = 0.5;
+};
+
 /// @brief An artifact root as described by its metadata.json.
 struct Artifact {
   std::filesystem::path root;
   int schema_version = 0;
   std::vector<VariableSpec> inputs, outputs;
   std::vector<ParameterSpec> parameters;
-  std::vector<ForwardSegment> segments;
+  std::vector<Segment> segments;
+  /// `derivatives`: the (output, input) pairs the model's Jacobian has (internal names).
+  std::vector<std::pair<std::string, std::string>> derivatives;
+  /// Present for models with an implicit segment.
+  std::optional<SolverConfig> solver_config;
+
+  /// True for one forward segment (what the session calls directly, without a chain).
+  [[nodiscard]] bool single_forward() const {
+    return segments.size() == 1 && std::holds_alternative<ForwardSegment>(segments.front());
+  }
 
   /// The `<device>/<dtype>/` folder of graphs, checked to exist; a FatalError lists the
   /// folders that do exist and the neml2-compile command that would make the missing one.

@@ -184,6 +184,16 @@ public:
   [[nodiscard]] const Policy& policy() const noexcept { return _policy; }
   ///@}
 
+  /// @name Newton settings of an implicit model (see Session::solver_config); a change
+  /// reaches every device's session. Not while calls are running.
+  ///@{
+  [[nodiscard]] const SolverConfig& solver_config() const { return session().solver_config(); }
+  void set_solver_config(const SolverConfig& config) {
+    for (auto& s : _sessions)
+      s.set_solver_config(config);
+  }
+  ///@}
+
 private:
   friend struct detail::ModelAccess;
   friend class PreparedCall<Policy>;

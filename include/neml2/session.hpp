@@ -71,6 +71,13 @@ public:
   void set_parameter(const std::string& name, const at::Tensor& value);
   ///@}
 
+  /// @name The Newton settings of an implicit model (metadata.json `solver_config`).
+  /// A FatalError for a model without an implicit segment. Not while calls are running.
+  ///@{
+  [[nodiscard]] const SolverConfig& solver_config() const;
+  void set_solver_config(const SolverConfig& config);
+  ///@}
+
   /// @name What the artifact declares (public names, master order).
   ///@{
   [[nodiscard]] const Artifact& artifact() const noexcept;

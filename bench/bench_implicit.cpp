@@ -1,0 +1,107 @@
+// J2 radial return (an implicit model) against NEML2's own C++ runtime (neml2::aoti, from
+// the neml2 wheel), same artifact, same process: all rows plastic, and 10 % plastic (the
+// rest elastic, converged before any Newton update).
+//
+// Cases are NAME/BATCH/PLASTIC_PERCENT. `dispatched` uses the artifact's solver settings
+// (active set compacted at half the working set); `compact_never` evaluates every row to
+// the end (masked, as a whole-batch solver does) and `compact_always` compacts whenever a
+// row converges: the two bounds that set the default threshold (docs/performance.md).
+
+#include <filesystem>
+
+#include <ATen/Parallel.h>
+#include <benchmark/benchmark.h>
+
+#include <neml2/csrc/dispatchers/SimpleScheduler.h>
+#include <neml2/csrc/dispatchers/factory.h>
+#include <neml2/dispatch.hpp>
+
+namespace {
+
+const auto stub =
+    std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "j2_radial_return" / "model_aoti.i";
+
+// One step from a stress-free state: the first `percent` of the rows strained past yield
+// (yield strain 1e-2), the others well below it.
+std::map<std::string, at::Tensor> inputs(std::int64_t batch, std::int64_t percent) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto direction = at::tensor({1.0, -0.5, -0.5, 0.2, 0.0, 0.0}, opts);
+  const auto plastic = (at::arange(batch, opts) < batch * percent / 100.0).to(at::kDouble);
+  const auto size = (2e-3 + 3e-2 * plastic) * (1 + 0.1 * at::rand({batch}, opts));
+  return {{"E", size.unsqueeze(1) * direction},
+          {"plastic_strain~1", at::zeros({batch, 6}, opts)},
+          {"equivalent_plastic_strain~1", at::zeros({batch}, opts)},
+          {"t", at::ones({batch}, opts)},
+          {"t~1", at::zeros({batch}, opts)},
+          {"flow_rate~1", at::zeros({batch}, opts)}};
+}
+
+// forward() on the case's inputs, after a few calls that are not measured: the first calls
+// of a graph are slow (lazy initialization in the runtime).
+template <class Model>
+void measure(benchmark::State& state, Model& model) {
+  const auto x = inputs(state.range(0), state.range(1));
+  for (int i = 0; i < 5; ++i)
+    benchmark::DoNotOptimize(model.forward(x));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(model.forward(x));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void neml2_runtime(benchmark::State& state) {
+  auto model = neml2::aoti::load_model(stub, "model",
+                                       std::make_shared<neml2::aoti::SimpleScheduler>(
+                                           neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+  measure(state, model);
+}
+
+void run_dispatched(benchmark::State& state, double compact_below) {
+  auto model = neml2::load_model(stub, "model", neml2::SyncChunking{.device = "cpu"});
+  if (compact_below >= 0) {
+    auto config = model.solver_config();
+    config.compact_below = compact_below;
+    model.set_solver_config(config);
+  }
+  measure(state, model);
+}
+
+void dispatched(benchmark::State& state) {
+  run_dispatched(state, -1);
+}
+void compact_never(benchmark::State& state) {
+  run_dispatched(state, 0);
+}
+void compact_always(benchmark::State& state) {
+  run_dispatched(state, 1);
+}
+
+void versus(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {1, 64, 1 << 14, 1 << 18})
+    for (std::int64_t percent : {100, 10})
+      b->Args({batch, percent});
+}
+
+void thresholds(benchmark::internal::Benchmark* b) {
+  for (std::int64_t percent : {100, 95, 90, 75, 50, 10})
+    b->Args({1 << 14, percent});
+}
+
+} // namespace
+
+BENCHMARK(neml2_runtime)->Apply(versus)->UseRealTime();
+BENCHMARK(dispatched)->Apply(versus)->UseRealTime();
+BENCHMARK(dispatched)->Apply(thresholds)->UseRealTime();
+BENCHMARK(compact_never)->Apply(thresholds)->UseRealTime();
+BENCHMARK(compact_always)->Apply(thresholds)->UseRealTime();
+
+// One intra-op thread for both runtimes: the graphs' own kernels are serial here, and on a
+// shared two-core machine ATen's OpenMP barriers, not the work, set the time otherwise.
+int main(int argc, char** argv) {
+  at::set_num_threads(1);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv))
+    return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

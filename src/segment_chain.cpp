@@ -1,0 +1,384 @@
+// Composed models: segments in order over one state of named tensors; Newton for the
+// implicit ones; Jacobians chained through every segment (implicit ones by the implicit
+// function theorem, du/dg = -A^{-1} B, from their compiled graphs).
+
+#include "segment_chain.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <neml2/errors.hpp>
+
+namespace neml2::detail {
+namespace {
+
+std::int64_t numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape)
+    n *= d;
+  return n;
+}
+
+Shape with_rows(std::int64_t rows, std::initializer_list<const Shape*> parts) {
+  Shape s{rows};
+  for (const auto* p : parts)
+    s.insert(s.end(), p->begin(), p->end());
+  return s;
+}
+
+// d(target)/d(inputs) += block . d(source)/d(inputs); `block` is `(rows or 1, n_t, n_s)`.
+void accumulate(std::vector<at::Tensor>& target, const at::Tensor& block,
+                const std::vector<at::Tensor>& source) {
+  for (std::size_t x = 0; x < source.size(); ++x) {
+    if (!source[x].defined())
+      continue;
+    auto term = at::matmul(block, source[x]);
+    target[x] = target[x].defined() ? target[x] + term : term;
+  }
+}
+
+} // namespace
+
+struct SegmentChain::State {
+  std::int64_t rows = 0;
+  bool track = false; // chain the derivatives with respect to the model's inputs
+  std::map<std::string, at::Tensor> values;
+  std::map<std::string, std::vector<at::Tensor>> derivatives; // (rows, n_var, n_input)
+  at::Tensor converged;                                       // (rows,) once a solve ran
+  double worst_residual = 0;
+
+  const at::Tensor& value(const std::string& name, const std::string& needed_by) const {
+    const auto it = values.find(name);
+    if (it == values.end())
+      throw FatalError(fmt::format("{} needs '{}', which no model input or earlier segment "
+                                   "provides; the artifact is inconsistent: recompile it with "
+                                   "neml2-compile",
+                                   needed_by, name));
+    return it->second;
+  }
+
+  // (rows, n) view of a variable, for packing and contracting.
+  at::Tensor flat(const std::string& name, const std::string& needed_by) const {
+    return value(name, needed_by).reshape({rows, -1});
+  }
+
+  std::vector<at::Tensor>& derivative(const std::string& name, std::size_t n_inputs) {
+    auto& d = derivatives[name];
+    d.resize(n_inputs);
+    return d;
+  }
+};
+
+SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
+    : _artifact(artifact)
+    , _config(artifact.solver_config.value_or(SolverConfig{})) {
+  std::map<std::string, std::size_t> param_index, input_index, output_index;
+  for (std::size_t p = 0; p < artifact.parameters.size(); ++p)
+    param_index[artifact.parameters[p].name] = p;
+  for (std::size_t i = 0; i < artifact.inputs.size(); ++i) {
+    input_index[artifact.inputs[i].name] = i;
+    _input_sizes.push_back(numel(artifact.inputs[i].sub_batch_shape) *
+                           numel(artifact.inputs[i].base_shape));
+  }
+  for (std::size_t o = 0; o < artifact.outputs.size(); ++o)
+    output_index[artifact.outputs[o].name] = o;
+
+  const auto params_of = [&](const std::vector<std::string>& names) {
+    std::vector<std::size_t> positions;
+    for (const auto& n : names) {
+      const auto it = param_index.find(n);
+      if (it == param_index.end())
+        throw FatalError(fmt::format("{}/metadata.json: a segment takes parameter '{}', which "
+                                     "is not declared under 'parameters'; recompile with "
+                                     "neml2-compile",
+                                     artifact.root.string(), n));
+      positions.push_back(it->second);
+    }
+    return positions;
+  };
+
+  for (const auto& segment : artifact.segments) {
+    if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
+      _steps.emplace_back(ForwardStep{f, load(f->package, "package"),
+                                      load(f->jvp_package, "jvp_package"),
+                                      params_of(f->param_inputs)});
+      _has_input_derivatives = _has_input_derivatives && !f->jvp_package.empty();
+      continue;
+    }
+    const auto& s = std::get<ImplicitSegment>(segment);
+    ImplicitStep step;
+    step.segment = &s;
+    step.params = params_of(s.param_inputs);
+    step.newton.residual = load(s.residual_package, "residual_package");
+    step.newton.jacobian = load(s.jacobian_package, "jacobian_package");
+    step.newton.solve = load(s.solve_package, "solve_package");
+    step.newton.a_blocks = s.residual_groups.size() * s.unknown_groups.size();
+    step.given_blocks = s.residual_groups.size() * s.given_groups.size();
+    step.predictor = load(s.predictor_package, "predictor_package");
+    step.jacobian_given = load(s.jacobian_given_package, "jacobian_given_package");
+    step.solve_ift = load(s.solve_ift_package, "solve_ift_package");
+    _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
+    _steps.emplace_back(std::move(step));
+  }
+
+  for (const auto& [out, in] : artifact.derivatives) {
+    const auto o = output_index.find(out);
+    const auto i = input_index.find(in);
+    if (o == output_index.end() || i == input_index.end())
+      throw FatalError(fmt::format("{}/metadata.json: derivative pair [{}, {}] names a variable "
+                                   "that is not a model output/input; recompile with "
+                                   "neml2-compile",
+                                   artifact.root.string(), out, in));
+    _jacobian_blocks.emplace_back(o->second, i->second);
+  }
+}
+
+bool SegmentChain::solves_with_parameter(std::size_t p) const {
+  for (const auto& step : _steps)
+    if (const auto* s = std::get_if<ImplicitStep>(&step))
+      if (std::find(s->params.begin(), s->params.end(), p) != s->params.end())
+        return true;
+  return false;
+}
+
+void SegmentChain::set_solver_config(const SolverConfig& config) {
+  const auto fail = [](const std::string& field, const std::string& what) {
+    throw FatalError(fmt::format("set_solver_config: {} {}", field, what));
+  };
+  if (!(config.atol >= 0))
+    fail("atol", fmt::format("is {}; it must be >= 0", config.atol));
+  if (!(config.rtol >= 0))
+    fail("rtol", fmt::format("is {}; it must be >= 0", config.rtol));
+  if (config.miters < 1)
+    fail("miters", fmt::format("is {}; it must be >= 1 (miters = N allows N - 1 Newton updates)",
+                               config.miters));
+  if (config.ls_max_iters < 1)
+    fail("ls_max_iters",
+         fmt::format("is {}; it must be >= 1 (1 = no line search)", config.ls_max_iters));
+  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
+    fail("ls_type", fmt::format("is '{}': only BACKTRACKING line search runs here (a strong "
+                                "Wolfe search is not supported yet)",
+                                config.ls_type));
+  if (config.ls_max_iters > 1 && !(config.ls_cutback > 1))
+    fail("ls_cutback", fmt::format("is {}; it must be > 1", config.ls_cutback));
+  if (config.solver_kind != "direct")
+    fail("solver_kind", fmt::format("is '{}'; only 'direct' runs here", config.solver_kind));
+  if (!(config.compact_below >= 0 && config.compact_below <= 1))
+    fail("compact_below", fmt::format("is {}; it must be within [0, 1]", config.compact_below));
+  _config = config;
+}
+
+void SegmentChain::run_forward(const ForwardStep& step, const ChunkArgs& chunk,
+                               State& state) const {
+  const auto& seg = *step.segment;
+  std::vector<at::Tensor> args;
+  args.reserve(seg.inputs.size() + step.params.size());
+  for (const auto& n : seg.inputs)
+    args.push_back(state.value(n, "graph '" + seg.package + "'"));
+  for (auto p : step.params)
+    args.push_back(chunk.params[p]);
+  auto results = state.track ? step.jvp(args) : step.value(args);
+
+  std::vector<std::vector<at::Tensor>> derivatives(seg.outputs.size());
+  if (state.track) {
+    const auto n_inputs = _input_sizes.size();
+    for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+      const auto& pair = seg.jacobian_pairs[k];
+      const auto o = static_cast<std::size_t>(
+          std::find(seg.outputs.begin(), seg.outputs.end(), pair.out) - seg.outputs.begin());
+      const auto source = state.derivatives.find(pair.in);
+      if (source == state.derivatives.end())
+        continue;
+      const auto& block = results[seg.outputs.size() + k];
+      derivatives[o].resize(n_inputs);
+      accumulate(
+          derivatives[o],
+          block.reshape({block.size(0), numel(pair.out_base_shape), numel(pair.in_base_shape)}),
+          source->second);
+    }
+  }
+  for (std::size_t o = 0; o < seg.outputs.size(); ++o) {
+    state.values[seg.outputs[o]] = std::move(results[o]);
+    if (state.track)
+      state.derivatives[seg.outputs[o]] = std::move(derivatives[o]);
+  }
+}
+
+void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk,
+                                State& state) const {
+  const auto& seg = *step.segment;
+  const auto where = fmt::format("graph '{}'", seg.residual_package);
+  const auto pack = [&](const std::vector<VariableGroup>& groups,
+                        const std::map<std::string, at::Tensor>& overrides) {
+    std::vector<at::Tensor> packed;
+    for (const auto& group : groups) {
+      std::vector<at::Tensor> parts;
+      for (const auto& n : group.names) {
+        const auto it = overrides.find(n);
+        parts.push_back(it != overrides.end() ? it->second.reshape({state.rows, -1})
+                                              : state.flat(n, where));
+      }
+      packed.push_back(parts.size() == 1 ? parts.front().contiguous() : at::cat(parts, 1));
+    }
+    return packed;
+  };
+
+  // The initial guess: the predictor's outputs, else the unknown's incoming value, else 0.
+  std::map<std::string, at::Tensor> guess;
+  if (step.predictor) {
+    std::vector<at::Tensor> args;
+    for (const auto& n : seg.predictor_inputs)
+      args.push_back(state.value(n, "graph '" + seg.predictor_package + "'"));
+    auto predicted = step.predictor(args);
+    for (std::size_t k = 0; k < seg.predictor_outputs.size(); ++k)
+      guess[seg.predictor_outputs[k]] = std::move(predicted[k]);
+  }
+  const auto options =
+      chunk.inputs.empty() ? at::TensorOptions(at::kDouble) : chunk.inputs.front().options();
+  for (const auto& u : seg.unknowns)
+    if (!guess.count(u.name) && !state.values.count(u.name))
+      guess[u.name] = at::zeros({state.rows, u.var_size}, options);
+
+  // Parameters enter the solve graphs as stored (one value for every row).
+  std::vector<at::Tensor> params;
+  for (auto p : step.params)
+    params.push_back(chunk.params[p].select(0, 0));
+
+  const auto givens = pack(seg.given_groups, {});
+  auto solved = newton_solve(step.newton, pack(seg.unknown_groups, guess), givens, params, _config);
+
+  // Unpack the unknowns into the state.
+  std::map<std::string, const ImplicitVariable*> unknown_spec;
+  for (const auto& u : seg.unknowns)
+    unknown_spec[u.name] = &u;
+  for (std::size_t g = 0; g < seg.unknown_groups.size(); ++g) {
+    std::int64_t offset = 0;
+    for (const auto& n : seg.unknown_groups[g].names) {
+      const auto& spec = *unknown_spec.at(n);
+      state.values[n] = solved.u[g]
+                            .narrow(1, offset, spec.var_size)
+                            .reshape(with_rows(state.rows, {&spec.base_shape}));
+      offset += spec.var_size;
+    }
+  }
+  state.converged =
+      state.converged.defined() ? state.converged & solved.converged : solved.converged;
+  if (std::isnan(solved.worst_residual) || solved.worst_residual > state.worst_residual)
+    state.worst_residual = solved.worst_residual;
+
+  if (!state.track)
+    return;
+  // du/dg = -A^{-1} B at the solution, then chained to the model's inputs.
+  std::vector<at::Tensor> args = solved.u;
+  args.insert(args.end(), givens.begin(), givens.end());
+  args.insert(args.end(), params.begin(), params.end());
+  auto operators = step.newton.jacobian(args);
+  operators.resize(step.newton.a_blocks);
+  auto b_blocks = step.jacobian_given(args);
+  operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
+  const auto pairs = step.solve_ift(operators);
+  const auto n_inputs = _input_sizes.size();
+  std::map<std::string, std::vector<at::Tensor>> derivatives;
+  for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+    const auto& pair = seg.jacobian_pairs[k];
+    const auto source = state.derivatives.find(pair.given);
+    auto& target = derivatives[pair.unknown];
+    target.resize(n_inputs);
+    if (source != state.derivatives.end())
+      accumulate(target,
+                 pairs[k].reshape(
+                     {state.rows, numel(pair.unknown_base_shape), numel(pair.given_base_shape)}),
+                 source->second);
+  }
+  for (const auto& u : seg.unknowns) {
+    auto& d = derivatives[u.name];
+    d.resize(n_inputs);
+    state.derivatives[u.name] = std::move(d);
+  }
+}
+
+std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
+  if (op == Operation::param_jacobian || op == Operation::param_vjp)
+    throw FatalError(fmt::format(
+        "{}: parameter derivatives of a composed (multi-segment or implicit) model are not "
+        "supported by neml2-dispatch yet; use eager NEML2 for them",
+        _artifact.root.string()));
+  const auto n_inputs = _input_sizes.size();
+  State state;
+  state.rows = chunk.rows;
+  state.track = op != Operation::forward;
+  for (std::size_t i = 0; i < n_inputs; ++i) {
+    const auto& name = _artifact.inputs[i].name;
+    state.values[name] = chunk.inputs[i];
+    if (state.track) {
+      auto& d = state.derivative(name, n_inputs);
+      const auto n = _input_sizes[i];
+      d[i] = at::eye(n, chunk.inputs[i].options()).expand({chunk.rows, n, n});
+    }
+  }
+  for (const auto& step : _steps)
+    std::visit(
+        [&](const auto& s) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(s)>, ForwardStep>)
+            run_forward(s, chunk, state);
+          else
+            run_implicit(s, chunk, state);
+        },
+        step);
+
+  std::vector<at::Tensor> results;
+  for (const auto& out : _artifact.outputs)
+    results.push_back(state.value(out.name, "the model's outputs"));
+  if (op == Operation::jacobian) {
+    for (const auto& [o, i] : _jacobian_blocks) {
+      const auto& out = _artifact.outputs[o];
+      const auto& in = _artifact.inputs[i];
+      const auto shape = with_rows(state.rows, {&out.base_shape, &in.base_shape});
+      const auto it = state.derivatives.find(out.name);
+      const auto& d = it == state.derivatives.end() ? at::Tensor() : it->second[i];
+      results.push_back(d.defined() ? d.reshape(shape)
+                                    : at::zeros(shape, results.front().options()));
+    }
+  } else if (op == Operation::jvp) {
+    for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
+      const auto& out = _artifact.outputs[o];
+      at::Tensor sum;
+      const auto it = state.derivatives.find(out.name);
+      if (it != state.derivatives.end())
+        for (std::size_t i = 0; i < n_inputs; ++i)
+          if (it->second[i].defined() && chunk.extras[i].defined()) {
+            const auto term =
+                at::matmul(it->second[i], chunk.extras[i].reshape({state.rows, -1, 1}));
+            sum = sum.defined() ? sum + term : term;
+          }
+      results.push_back(sum.defined() ? sum.reshape(results[o].sizes())
+                                      : at::zeros_like(results[o]));
+    }
+  }
+
+  if (state.converged.defined() && !state.converged.all().item<bool>()) {
+    const auto failed = ~state.converged;
+    for (auto& r : results) {
+      auto mask_shape = Shape(static_cast<std::size_t>(r.dim()), 1);
+      mask_shape[0] = state.rows;
+      r = r.masked_fill(failed.reshape(mask_shape), std::numeric_limits<double>::quiet_NaN());
+    }
+    const auto n_failed = failed.sum().item<std::int64_t>();
+    throw ConvergenceError(
+        fmt::format("{}: Newton did not converge for {} of {} rows (iteration cap miters = {}, "
+                    "or a residual that stopped being finite); worst residual norm {}. "
+                    "converged_mask() says which rows converged (their results are kept, the "
+                    "others are NaN): cut the step of the failed rows and retry",
+                    _artifact.root.string(), n_failed, state.rows, _config.miters,
+                    state.worst_residual),
+        state.converged, state.worst_residual, std::move(results));
+  }
+  return results;
+}
+
+} // namespace neml2::detail

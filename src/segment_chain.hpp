@@ -1,0 +1,76 @@
+#pragma once
+
+// The segments of a composed model (forward graphs and Newton solves) run in order over
+// one name-to-tensor state, with Jacobians chained across them. Private to the library:
+// Session runs a chain for every artifact that is not a single forward segment.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include <neml2/artifact.hpp>
+#include <neml2/detail/call.hpp>
+
+#include "newton.hpp"
+
+namespace neml2::detail {
+
+/// Loads one graph of the leaf folder by file name; an empty name gives an empty function.
+using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as)>;
+
+class SegmentChain {
+public:
+  SegmentChain(const Artifact& artifact, const GraphLoader& load);
+
+  /// forward: the outputs (master order); jacobian: the outputs, then one block
+  /// `(rows, *out_base, *in_base)` per jacobian_blocks() entry; jvp: the outputs, then
+  /// their tangents. Throws the per-row ConvergenceError when some rows fail.
+  [[nodiscard]] std::vector<at::Tensor> run(Operation op, ChunkArgs& chunk) const;
+
+  /// Whether every segment carries its derivative graphs (jvp / jacobian_given + solve_ift).
+  [[nodiscard]] bool has_input_derivatives() const noexcept { return _has_input_derivatives; }
+  /// (output, input) master positions of the Jacobian's blocks: metadata.json `derivatives`.
+  [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>&
+  jacobian_blocks() const noexcept {
+    return _jacobian_blocks;
+  }
+
+  /// Whether an implicit segment's graphs take parameter `p` (Artifact::parameters index):
+  /// they take one stored value for every row, so it cannot be batched.
+  [[nodiscard]] bool solves_with_parameter(std::size_t p) const;
+
+  [[nodiscard]] const SolverConfig& solver_config() const noexcept { return _config; }
+  void set_solver_config(const SolverConfig& config);
+
+private:
+  struct ForwardStep {
+    const ForwardSegment* segment;
+    GraphFn value, jvp;
+    std::vector<std::size_t> params; // positions in Artifact::parameters
+  };
+  struct ImplicitStep {
+    const ImplicitSegment* segment = nullptr;
+    NewtonGraphs newton;
+    GraphFn predictor, jacobian_given, solve_ift;
+    std::vector<std::size_t> params;
+    std::size_t given_blocks = 0; // residual groups x given groups
+  };
+  using Step = std::variant<ForwardStep, ImplicitStep>;
+  struct State;
+
+  void run_forward(const ForwardStep& step, const ChunkArgs& chunk, State& state) const;
+  void run_implicit(const ImplicitStep& step, const ChunkArgs& chunk, State& state) const;
+
+  const Artifact& _artifact;
+  std::vector<Step> _steps;
+  std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks;
+  std::vector<std::int64_t> _input_sizes; // values per row of each input
+  bool _has_input_derivatives = true;
+  SolverConfig _config;
+};
+
+} // namespace neml2::detail
