@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include <c10/core/CPUAllocator.h>
@@ -537,4 +538,68 @@ TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is
   CHECK(pool_into_kept == 0);
   CHECK(pool_into_peak == chunk);
   c10::SetCPUAllocator(counting.base, /*priority=*/101);
+}
+
+TEST_CASE("implicit models through the pool: the same rows, one mask over the batch") {
+  const auto stub = [](const char* artifact) { return test::stub(artifact, "model"); };
+  // Every implicit model, every row as the whole-batch session solves it.
+  for (const auto* artifact : {"scalar_backward_euler", "j2_radial_return",
+                               "perzyna_viscoplasticity", "chaboche_viscoplasticity"}) {
+    CAPTURE(artifact);
+    const test::Reference ref(artifact);
+    const auto in = ref.group("s2/in");
+    const auto whole = load_model(stub(artifact), "model");
+    const auto expected = whole.forward(in);
+    const auto [values, J] = whole.jacobian(in);
+    const auto lanes = load_model(stub(artifact), "model", Lanes{});
+    const auto greedy = load_model(stub(artifact), "model",
+                                   GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}});
+    test::check_close(lanes.forward(in), expected, "lanes", 1e-13);
+    test::check_close(greedy.forward(in), expected, "greedy", 1e-13);
+    // Blocks through the IFT solve: Chaboche's differ from the whole batch's by up to
+    // 2.3e-11 relative (measured): the solve's rounding depends on the rows it is given.
+    const auto [lanes_values, lanes_J] = lanes.jacobian(in);
+    test::check_close(lanes_values, values, "lanes jacobian values", 1e-13);
+    for (const auto& [o, row] : J)
+      for (const auto& [i, block] : row)
+        test::check_close(lanes_J.at(o).at(i), block, "lanes d" + o + "/d" + i, 1e-10);
+  }
+
+  // x' = a - x^2: no real root for a = -50 within the iteration cap, NaN for a = NaN.
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> a;
+  for (int k = 0; k < 4; ++k)
+    for (double v : {1.0, -50.0, 2.0, nan, 0.3})
+      a.push_back(v);
+  const auto rows = static_cast<std::int64_t>(a.size());
+  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
+  const TensorMap in = {{"a", at::tensor(a, at::kDouble)},
+                        {"x", filled(0.5)},
+                        {"x~1", filled(0.5)},
+                        {"t", filled(0.1)},
+                        {"t~1", filled(0.0)}};
+  const auto failure = [&](const auto& model) {
+    try {
+      (void)model.forward(in);
+    } catch (const ConvergenceError& e) {
+      return e;
+    }
+    FAIL("expected a ConvergenceError");
+    throw std::logic_error("unreachable");
+  };
+  const auto whole = failure(load_model(stub("scalar_backward_euler"), "model"));
+  REQUIRE(whole.per_row());
+  CHECK(whole.failed_rows() == 8);
+  for (const auto& e : {failure(load_model(stub("scalar_backward_euler"), "model", Lanes{})),
+                        failure(load_model(stub("scalar_backward_euler"), "model",
+                                           SyncChunking{.batch_size = 3}))}) {
+    REQUIRE(e.per_row());
+    CHECK(at::equal(e.converged_mask(), whole.converged_mask()));
+    CHECK(e.failed_rows() == 8);
+    CHECK(std::isnan(e.worst_residual()));
+    const auto converged = whole.converged_mask();
+    test::check_close(e.outputs().at("x").index({converged}),
+                      whole.outputs().at("x").index({converged}), "converged rows", 1e-13);
+    CHECK(e.outputs().at("x").index({converged.logical_not()}).isnan().all().item<bool>());
+  }
 }
