@@ -195,6 +195,15 @@ TEST_CASE("bad fields fail on every rank with the field and the fix") {
   fails({.devices = {"cpu"}, .cpu_threads = -2}, "MPIRankAssign.cpu_threads is -2");
   fails({.devices = {"cpu"}, .comm = MPI_COMM_NULL}, "MPIRankAssign.comm is MPI_COMM_NULL");
 
+  // An inter-communicator between the even and the odd ranks.
+  if (world_size() > 1) {
+    const auto half = Comm::split(world_rank() % 2, world_rank());
+    Comm inter;
+    MPI_Intercomm_create(half.comm, 0, MPI_COMM_WORLD, world_rank() % 2 == 0 ? 1 : 0, 7,
+                         &inter.comm);
+    fails({.devices = {"cpu"}, .comm = inter.comm}, "MPIRankAssign.comm is an inter-communicator");
+  }
+
   // A node group that is not part of comm: each rank alone in comm, all in node_comm.
   if (world_size() > 1) {
     const auto alone = Comm::split(world_rank(), 0);

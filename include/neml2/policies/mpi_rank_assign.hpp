@@ -301,6 +301,11 @@ inline MPIRankAssign::MPIRankAssign(const Config& config)
   if (config.comm == MPI_COMM_NULL)
     throw FatalError("MPIRankAssign.comm is MPI_COMM_NULL; pass the communicator of the ranks "
                      "that take part (the default is MPI_COMM_WORLD)");
+  int inter = 0;
+  MPI_Comm_test_inter(config.comm, &inter);
+  if (inter)
+    throw FatalError("MPIRankAssign.comm is an inter-communicator; pass an intra-communicator "
+                     "(e.g. the one MPI_Intercomm_merge makes of it, or MPI_COMM_WORLD)");
 
   // From here on every rank makes the same collective calls whatever fails, and errors
   // are thrown only after all ranks know of them: nobody waits for a rank that threw.
