@@ -37,6 +37,17 @@ void dispatched(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 
+// A prepared call (names bound once, tensors in order, results in order, no maps).
+void prepared(benchmark::State& state) {
+  const auto model = neml2::load_model(
+      root, "elasticity", neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)});
+  const auto call = model.prepare();
+  const std::vector<at::Tensor> inputs = {strain(state.range(0))};
+  for (auto _ : state)
+    benchmark::DoNotOptimize(call.forward(inputs));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
 void batches(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch = 1; batch <= (1 << 20); batch *= 4)
     b->Args({batch, 0});
@@ -71,6 +82,7 @@ void dispatched_cuda(benchmark::State& state) {
 BENCHMARK(loader_run)->Apply(batches)->UseRealTime();
 BENCHMARK(dispatched)->Apply(batches)->UseRealTime();
 BENCHMARK(dispatched)->Args({1 << 20, 1 << 14})->UseRealTime();
+BENCHMARK(prepared)->Args({1, 0})->Args({64, 0})->UseRealTime();
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);

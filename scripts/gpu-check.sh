@@ -3,9 +3,10 @@
 #   scripts/prepare-gpu-carry.sh          here, first
 #   run: bash scripts/gpu-check.sh        carry: [".carry"], timeout leaving room for a rerun
 # Installs neml2 from .carry/wheels beside the machine's torch, builds with the bundled
-# headers, compiles cpu+cuda artifacts, runs every test (the CUDA ones included) and the
-# benchmark, and leaves the logs in $OUT (or build-gpu/). PYTHON picks the python (default
-# python3); NEML2_DISPATCH_GPU_TESTS=OFF rehearses it all on a machine without a GPU.
+# headers, compiles the cpu+cuda artifact, runs the `gpu` tests and the benchmarks
+# (single device and hybrid), and leaves the logs in $OUT (or build-gpu/).
+# PYTHON picks the python (default python3); NEML2_DISPATCH_GPU_TESTS=OFF rehearses it all
+# on a machine without a GPU.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -29,11 +30,21 @@ generator=(); command -v ninja >/dev/null && generator=(-G Ninja)
 cmake -S . -B build-gpu "${generator[@]}" -DCMAKE_BUILD_TYPE=Release \
   -DNEML2_DISPATCH_PYTHON="$(command -v "$python")" -DNEML2_DISPATCH_BUNDLED_DEPS="$root/.carry/deps" \
   -DNEML2_DISPATCH_GPU_TESTS="${NEML2_DISPATCH_GPU_TESTS:-ON}" > "$out/configure.log"
-cmake --build build-gpu -j "$(nproc)" > "$out/build.log" 2>&1 || { tail -50 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu --output-on-failure -j 4 -E compile_fail 2>&1 | tee "$out/ctest.log"
+# Only what the GPU tests and benchmarks need (the CPU suite runs on the project's machine).
+targets=(test_cuda bench_sync_chunking bench_hybrid)
+[ "${NEML2_DISPATCH_GPU_TESTS:-ON}" = ON ] && targets+=(artifact_elasticity_gpu)
+cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" > "$out/build.log" 2>&1 \
+  || { tail -50 "$out/build.log"; exit 1; }
+ctest --test-dir build-gpu --output-on-failure -L gpu 2>&1 | tee "$out/ctest.log"
 build-gpu/bench/bench_sync_chunking --benchmark_repetitions=5 \
   --benchmark_enable_random_interleaving=true --benchmark_min_time=0.1 \
   --benchmark_out="$out/bench_sync_chunking.json" --benchmark_out_format=json > /dev/null 2>&1
 for pair in "loader_run dispatched" "loader_run_cuda dispatched_cuda"; do
   "$python" tools/bench_ratios.py "$out/bench_sync_chunking.json" $pair | tee -a "$out/bench.txt"
 done
+if [ -x build-gpu/bench/bench_hybrid ]; then
+  build-gpu/bench/bench_hybrid --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
+    --benchmark_min_time=0.1 --benchmark_out="$out/bench_hybrid.json" --benchmark_out_format=json \
+    > /dev/null 2>&1
+  "$python" tools/bench_hybrid.py "$out/bench_hybrid.json" | tee -a "$out/bench.txt"
+fi

@@ -350,11 +350,8 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
 }
 
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
-  if (op == Operation::param_vjp)
-    throw FatalError(fmt::format(
-        "{}: param_vjp of a composed (multi-segment or implicit) model is not supported by "
-        "neml2-dispatch yet; contract param_jacobian() with the cotangents instead",
-        _artifact.root.string()));
+  if (op == Operation::param_vjp) // Session refuses it before a call gets here
+    throw FatalError("internal: param_vjp reached a segment chain");
   const auto n_inputs = _input_sizes.size();
   State state;
   state.rows = chunk.rows;

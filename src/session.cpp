@@ -96,7 +96,7 @@ void check_graph_dtype(const fs::path& file, c10::ScalarType dtype) {
 
 // Loader construction is not thread-safe in torch: one at a time, process-wide.
 Graph load_graph(const fs::path& leaf, const std::string& package, const c10::Device& device,
-                 c10::ScalarType dtype, const char* listed_as) {
+                 c10::ScalarType dtype, std::size_t runners, const char* listed_as) {
   if (package.empty())
     return {};
   const auto file = leaf / package;
@@ -112,7 +112,7 @@ Graph load_graph(const fs::path& leaf, const std::string& package, const c10::De
         check_graph_dtype(file, dtype);
         return Graph{std::make_unique<Loader>(file.string(), "model",
                                               /*run_single_threaded=*/false,
-                                              /*num_runners=*/1, device.index()),
+                                              /*num_runners=*/runners, device.index()),
                      file.string()};
       });
 }
@@ -136,6 +136,7 @@ struct Session::Impl {
   Device device;
   c10::Device torch_device = c10::kCPU;
   c10::ScalarType dtype;
+  std::size_t runners = 1; // AOTI runners per graph: calls that may run at once
   fs::path leaf;
   const ForwardSegment* segment = nullptr;     // a single forward segment, called directly
   std::unique_ptr<detail::SegmentChain> chain; // anything else: segments in order, Newton
@@ -215,8 +216,8 @@ struct Session::Impl {
   void make_chain() {
     chain = std::make_unique<detail::SegmentChain>(
         *artifact, [this](const std::string& package, const char* listed_as) -> detail::GraphFn {
-          auto graph =
-              std::make_shared<Graph>(load_graph(leaf, package, torch_device, dtype, listed_as));
+          auto graph = std::make_shared<Graph>(
+              load_graph(leaf, package, torch_device, dtype, runners, listed_as));
           if (!*graph)
             return {};
           // Graphs read their inputs as dense row-major arrays, but results of graphs can
@@ -241,6 +242,31 @@ struct Session::Impl {
            concat({&output_base_shapes[o], &artifact->parameters[p].base_shape})});
   }
 
+  // The graphs `op` needs are there (checked before anything else of a call).
+  void require_operation(Operation op) const {
+    if (chain && op == Operation::param_vjp)
+      throw FatalError(fmt::format(
+          "{}: param_vjp of a composed (multi-segment or implicit) model is not supported by "
+          "neml2-dispatch yet; contract param_jacobian() with the cotangents instead",
+          artifact->root.string()));
+    switch (op) {
+    case Operation::jvp:
+    case Operation::jacobian:
+      require(chain ? chain->has_input_derivatives() : bool(jvp_graph),
+              op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
+      break;
+    case Operation::param_jacobian:
+      require(chain ? chain->has_param_derivatives() : bool(param_jacobian_graph),
+              "param_jacobian", "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
+      break;
+    case Operation::param_vjp:
+      require(bool(param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
+      break;
+    case Operation::forward:
+      break;
+    }
+  }
+
   void require(bool has_graph, const char* op, const std::string& fix) const {
     if (!has_graph)
       throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
@@ -250,11 +276,12 @@ struct Session::Impl {
 };
 
 Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
-                 c10::ScalarType dtype)
+                 c10::ScalarType dtype, std::size_t concurrency)
     : _impl(std::make_unique<Impl>()) {
   auto& m = *_impl;
   m.artifact = std::move(artifact);
   m.dtype = dtype;
+  m.runners = std::max<std::size_t>(concurrency, 1);
   m.leaf = m.artifact->leaf(device, dtype);
   m.torch_device =
       detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
@@ -339,12 +366,13 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     m.param_jacobian_slots.push_back(
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
 
-  const auto d = m.torch_device;
-  m.value_graph = load_graph(m.leaf, seg.package, d, dtype, "package");
-  m.jvp_graph = load_graph(m.leaf, seg.jvp_package, d, dtype, "jvp_package");
-  m.param_jacobian_graph =
-      load_graph(m.leaf, seg.param_jacobian_package, d, dtype, "param_jacobian_package");
-  m.param_vjp_graph = load_graph(m.leaf, seg.param_vjp_package, d, dtype, "param_vjp_package");
+  const auto load = [&](const std::string& package, const char* listed_as) {
+    return load_graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
+  };
+  m.value_graph = load(seg.package, "package");
+  m.jvp_graph = load(seg.jvp_package, "jvp_package");
+  m.param_jacobian_graph = load(seg.param_jacobian_package, "param_jacobian_package");
+  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package");
 }
 
 Session::~Session() = default;
@@ -440,31 +468,10 @@ void reject_unknown(const TensorMap& given, const std::vector<std::string>& publ
 
 } // namespace
 
-detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const TensorMap& extras,
-                                const TensorMap& params,
-                                std::optional<c10::Device> required_device) const {
+std::vector<at::Tensor> Session::positional_inputs(const TensorMap& inputs) const {
   const auto& m = *_impl;
-  switch (op) {
-  case Operation::jvp:
-  case Operation::jacobian:
-    m.require(m.chain ? m.chain->has_input_derivatives() : bool(m.jvp_graph),
-              op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
-    break;
-  case Operation::param_jacobian:
-    m.require(m.chain ? m.chain->has_param_derivatives() : bool(m.param_jacobian_graph),
-              "param_jacobian", "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
-    break;
-  case Operation::param_vjp:
-    m.require(bool(m.param_vjp_graph) || m.chain, "param_vjp", "-p PARAM -d OUT:PARAM");
-    break;
-  case Operation::forward:
-    break;
-  }
-
-  detail::BoundCall call;
-  Impl::Binder b{m, required_device, call, nullptr, {}};
   reject_unknown(inputs, m.input_names, "input");
-  call.inputs.resize(m.input_names.size());
+  std::vector<at::Tensor> positional(m.input_names.size());
   for (std::size_t i = 0; i < m.input_names.size(); ++i) {
     const auto it = inputs.find(m.input_names[i]);
     if (it == inputs.end())
@@ -473,9 +480,31 @@ detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const Ten
                                    m.input_names[i], fmt::join(m.input_trailing_shapes[i], ", "),
                                    fmt::join(m.input_trailing_shapes[i], ", "),
                                    names_text(m.input_names)));
-    call.inputs[i] = it->second;
-    b.check("input", m.input_names[i], call.inputs[i], m.input_trailing_shapes[i], m.dtype, true);
+    positional[i] = it->second;
   }
+  return positional;
+}
+
+detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const TensorMap& extras,
+                                const TensorMap& params,
+                                std::optional<c10::Device> required_device) const {
+  return bind(op, positional_inputs(inputs), extras, params, required_device);
+}
+
+detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
+                                const TensorMap& extras, const TensorMap& params,
+                                std::optional<c10::Device> required_device) const {
+  const auto& m = *_impl;
+  m.require_operation(op);
+  detail::BoundCall call;
+  Impl::Binder b{m, required_device, call, nullptr, {}};
+  if (inputs.size() != m.input_names.size())
+    throw FatalError(fmt::format("{} input tensors given, but this model takes {}, in this "
+                                 "order: {}",
+                                 inputs.size(), m.input_names.size(), names_text(m.input_names)));
+  call.inputs = std::move(inputs);
+  for (std::size_t i = 0; i < m.input_names.size(); ++i)
+    b.check("input", m.input_names[i], call.inputs[i], m.input_trailing_shapes[i], m.dtype, true);
 
   const auto& specs = m.artifact->parameters;
   call.params.resize(specs.size());
@@ -689,6 +718,75 @@ TensorMap Session::param_vjp_result(std::vector<at::Tensor>&& results) const {
     grads.emplace(_impl->artifact->parameters[_impl->vjp_params[k]].public_name,
                   std::move(results[k]));
   return grads;
+}
+
+// ------------------------------------------------------------------ results into the caller's
+// tensors
+
+namespace {
+// Takes the tensors of `given` in `names` order, refusing a missing or an unknown name.
+void take_named(const TensorMap& given, const std::vector<std::string>& names, const char* what,
+                const std::string& label_format, detail::Destinations& into) {
+  for (const auto& [name, t] : given)
+    if (std::find(names.begin(), names.end(), name) == names.end())
+      throw FatalError(fmt::format("{} '{}' is not a result of this call; it has: {}", what, name,
+                                   names_text(names)));
+  for (const auto& name : names) {
+    const auto it = given.find(name);
+    if (it == given.end())
+      throw FatalError(fmt::format("no tensor given for {} '{}': pass one for every result ({})",
+                                   what, name, names_text(names)));
+    into.tensors.push_back(it->second);
+    into.labels.push_back(fmt::format(fmt::runtime(label_format), name));
+  }
+}
+} // namespace
+
+detail::Destinations Session::destinations(Operation op, const TensorMap& values,
+                                           const TensorMap& tangents,
+                                           const VariablePairJacobian& blocks) const {
+  const auto& m = *_impl;
+  m.require_operation(op);
+  detail::Destinations into;
+  if (op == Operation::param_vjp) {
+    std::vector<std::string> grads;
+    for (auto p : m.vjp_params)
+      grads.push_back(m.artifact->parameters[p].public_name);
+    take_named(values, grads, "gradient", "gradient '{}'", into);
+    return into;
+  }
+  take_named(values, m.output_names, "output", "output '{}'", into);
+  if (op == Operation::jvp)
+    take_named(tangents, m.output_names, "output tangent", "tangent of output '{}'", into);
+  // Blocks keyed [output][input or parameter], in the graph's pair order.
+  std::vector<std::pair<std::string, std::string>> pairs;
+  if (op == Operation::jacobian)
+    for (const auto& b : m.jacobian_blocks)
+      pairs.emplace_back(m.output_names[b.out], m.input_names[b.in]);
+  if (op == Operation::param_jacobian) {
+    std::map<std::string, std::string> public_param;
+    for (const auto& p : m.artifact->parameters)
+      public_param[p.name] = p.public_name;
+    for (const auto& p : m.segment->param_jacobian_pairs)
+      pairs.emplace_back(m.output_names[m.output_index.at(p.out)], public_param.at(p.param));
+  }
+  std::size_t given = 0;
+  for (const auto& [out, row] : blocks)
+    given += row.size();
+  for (const auto& [out, in] : pairs) {
+    const auto row = blocks.find(out);
+    if (row == blocks.end() || !row->second.count(in))
+      throw FatalError(fmt::format("no tensor given for the block ['{}']['{}']: pass one for "
+                                   "every block the artifact has",
+                                   out, in));
+    into.tensors.push_back(row->second.at(in));
+    into.labels.push_back(fmt::format("block ['{}']['{}']", out, in));
+  }
+  if (given != pairs.size())
+    throw FatalError(fmt::format("{} blocks given, but this call has {}: pass exactly the blocks "
+                                 "the artifact has (see jacobian() / param_jacobian())",
+                                 given, pairs.size()));
+  return into;
 }
 
 // ------------------------------------------------------------------ the named surface

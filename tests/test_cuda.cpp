@@ -1,8 +1,11 @@
-// SyncChunking on a CUDA device, against eager NEML2. Skips (exit code 77) where no CUDA
-// device is visible; needs the artifacts of -DNEML2_DISPATCH_GPU_TESTS=ON.
+// SyncChunking and GreedyPriorityCapacity on a CUDA device, against eager NEML2 and the CPU. Skips
+// (exit code 77) where no CUDA device is visible; needs the artifacts of
+// -DNEML2_DISPATCH_GPU_TESTS=ON.
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <cstdio>
+#include <mutex>
+#include <set>
 
 #include "model_checks.hpp"
 
@@ -41,6 +44,53 @@ TEST_CASE("a session refuses inputs on another device") {
     return s.forward({{"strain", at::zeros({2, 6}, at::kDouble)}});
   });
   CHECK(contains(message, "input 'strain' is on cpu, but this session runs on cuda:0"));
+}
+
+TEST_CASE("a pool over the CPU and cuda:0 gives the CPU's results; capacity keeps chunks in "
+          "flight on their own streams") {
+  const test::Reference ref("elasticity");
+  const auto cpu = load_model(stub, "elasticity", SyncChunking{.batch_size = 5});
+  for (std::int64_t capacity : {1, 2, 4}) {
+    CAPTURE(capacity);
+    auto m = load_model(stub, "elasticity",
+                        GreedyPriorityCapacity{.devices = {"cpu", "cuda:0"},
+                                               .batch_sizes = {2, 3},
+                                               .capacities = {2, 3 * capacity},
+                                               .priorities = {1, 2}});
+    std::mutex mutex;
+    std::set<std::string> used;
+    m.set_observer([&](const ChunkEvent& e) {
+      std::lock_guard lock(mutex);
+      used.insert(e.device.str());
+    });
+    test::check_all_batches(m, ref, true, false);
+    CHECK(used.count("cuda:0") == 1);
+    for (const auto* c : {"b7", "b33"}) {
+      const auto in = ref.group(std::string(c) + "/in");
+      test::check_close(m.forward(in), cpu.forward(in), "pool against cpu", 1e-10);
+      const auto [out, J] = m.jacobian(in);
+      test::check_close(J.at("stress").at("strain"),
+                        cpu.jacobian(in).second.at("stress").at("strain"), "dstress/dstrain",
+                        1e-10);
+    }
+  }
+  // Inputs on the GPU, whole batch on it: the pool is skipped, results stay on the GPU.
+  const auto gpu_only = load_model(
+      stub, "elasticity", GreedyPriorityCapacity{.devices = {"cuda:0"}, .batch_sizes = {64}});
+  const auto out = gpu_only.forward({{"strain", ref["b33/in/strain"].to(at::Device("cuda:0"))}});
+  CHECK(out.at("stress").device() == at::Device("cuda:0"));
+  test::check_close(out.at("stress"), ref["b33/out/stress"], "stress on cuda:0");
+}
+
+TEST_CASE("a large batch over cuda:0 with 4 chunks in flight matches the CPU") {
+  const auto x = 1e-3 * at::rand({1 << 18, 6}, at::kDouble);
+  const auto cpu = load_model(stub, "elasticity").forward({{"strain", x}}).at("stress");
+  const auto m =
+      load_model(stub, "elasticity",
+                 GreedyPriorityCapacity{
+                     .devices = {"cuda:0"}, .batch_sizes = {1 << 14}, .capacities = {1 << 16}});
+  for (int i = 0; i < 3; ++i) // staging buffers reused across calls
+    test::check_close(m.forward({{"strain", x}}).at("stress"), cpu, "stress", 1e-10);
 }
 
 int main(int argc, char** argv) {

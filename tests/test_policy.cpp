@@ -29,9 +29,31 @@ struct NoChunkRows {
   std::vector<Device> devices() const { return {"cpu"}; }
   Device compute_device() const { return "cpu"; }
 };
-struct Async {
+struct Async { // tagged asynchronous, but without the asynchronous members
   using dispatch_mode = asynchronous;
   std::vector<Device> devices() const { return {"cpu"}; }
+};
+struct NotCopyable : Minimal {
+  NotCopyable() = default;
+  NotCopyable(const NotCopyable&) = delete;
+};
+struct AsyncComplete {
+  using dispatch_mode = asynchronous;
+  std::vector<Device> devices = {"cpu", "cuda:0"}; // a data member works as well
+  std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t,
+                                        no_state&) const {
+    return ChunkChoice{0, 1};
+  }
+  void on_dispatched(std::size_t, std::int64_t, no_state&) const {}
+  void on_completed(std::size_t, std::int64_t, double, no_state&) const {}
+};
+struct WrongState : AsyncComplete {
+  struct state_type {
+    explicit state_type(int) {}
+  };
+};
+struct AsyncWithSyncMembers : Minimal { // synchronous members do not make it asynchronous
+  using dispatch_mode = asynchronous;
 };
 } // namespace
 
@@ -45,6 +67,23 @@ static_assert(!DispatchPolicy<DevicesNotARange>);
 static_assert(!DispatchPolicy<NoChunkRows>);
 static_assert(is_asynchronous_policy_v<Async>);
 static_assert(!SynchronousPolicy<Async>);
+static_assert(!DispatchPolicy<Async>);
+static_assert(!DispatchPolicy<NotCopyable>);
+static_assert(DispatchPolicy<AsyncComplete>);
+static_assert(AsynchronousPolicy<AsyncComplete>);
+static_assert(!SynchronousPolicy<AsyncComplete>);
+static_assert(std::same_as<policy_state_t<AsyncComplete>, no_state>);
+static_assert(!DispatchPolicy<WrongState>);
+static_assert(!DispatchPolicy<AsyncWithSyncMembers>);
+static_assert(DispatchPolicy<GreedyPriorityCapacity>);
+// The concept and the model's diagnostics agree: check_policy accepts what the concept does.
+static_assert(neml2::detail::check_policy<Minimal>() &&
+              neml2::detail::check_policy<AsyncComplete>());
+
+TEST_CASE("a policy lists its devices by function or by data member") {
+  CHECK(listed_devices(AsyncComplete{}) == std::vector<Device>{"cpu", "cuda:0"});
+  CHECK(listed_devices(SyncChunking{.device = "cuda:1"}) == std::vector<Device>{"cuda:1"});
+}
 
 TEST_CASE("SyncChunking is a value built with designated initializers") {
   const SyncChunking p{.device = "cuda:1", .batch_size = 4096};

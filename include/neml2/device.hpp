@@ -6,7 +6,10 @@
 
 #include <array>
 #include <charconv>
+#include <cstddef>
 #include <cstdint>
+#include <ostream>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -71,6 +74,10 @@ private:
   int _index = -1;
 };
 
+inline std::ostream& operator<<(std::ostream& os, const Device& device) {
+  return os << device.str();
+}
+
 /// "cpu, cuda, xpu, hip, mps": for error messages.
 inline std::string known_device_families_text() {
   std::string text;
@@ -78,6 +85,16 @@ inline std::string known_device_families_text() {
     text += (text.empty() ? "" : ", ") + std::string(name(f));
   return text;
 }
+
+/// How many devices of `family` this process can use (0 where torch has no backend or
+/// driver for it; 1 for the CPU).
+[[nodiscard]] std::size_t device_count(DeviceFamily family);
+
+/// Checks devices meant to run side by side (a pool); `who` names the list in errors, as
+/// in "GreedyPriorityCapacity.devices". Refused: an empty list, a device twice (`cpu` and
+/// `cpu:0` are one; so are `cuda` and `cuda:0` where one CUDA device exists), a bare
+/// family next to pinned devices of that family, and more than one CPU.
+void validate_device_pool(std::span<const Device> devices, std::string_view who);
 
 inline void Device::parse(std::string_view text) {
   const auto colon = text.find(':');

@@ -5,138 +5,593 @@
 /// chunks and run where the policy says, with results gathered on the input device.
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <exception>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include <neml2/artifact.hpp>
 #include <neml2/detail/chunking.hpp>
+#include <neml2/detail/worker_pool.hpp>
 #include <neml2/errors.hpp>
+#include <neml2/observer.hpp>
 #include <neml2/policies/sync_chunking.hpp>
 #include <neml2/policy.hpp>
 #include <neml2/session.hpp>
 
 namespace neml2 {
 
+namespace detail {
+struct ModelAccess;
+}
+template <class Policy>
+class PreparedCall;
+
 /// @brief A compiled model dispatched by `Policy`: the Session surface, chunked.
 ///
-/// Inputs may live on any one device; each chunk is moved to the compute device, run,
-/// and written into outputs preallocated on the input device. When one chunk covers the
-/// batch on the input device, the session is called directly: no slicing, no copy.
+/// One session per device the policy lists, loaded at construction. Inputs may live on
+/// any one device; each chunk is moved to its compute device, run, and written into
+/// outputs preallocated on the input device. When one chunk covers the batch on the
+/// input device, the session is called directly: no slicing, no copy, no thread.
+///
+/// A synchronous policy runs on the calling thread and costs no thread, queue or lock.
+/// An asynchronous one runs chunks on a worker per device; several host threads may call
+/// one model at once: each call gets its own results, and the devices' loads and the
+/// policy's state are shared by all calls (one model-wide lock).
 /// @code
 /// auto model = neml2::load_model("aoti/model_aoti.i", "model",
 ///                                neml2::SyncChunking{.device = "cpu", .batch_size = 16384});
 /// auto out = model.forward({{"strain", strain}});
 /// @endcode
-/// @see SyncChunking, load_model
+/// @see SyncChunking, GreedyPriorityCapacity, load_model
 template <class Policy>
 class DispatchedModel {
   static_assert(detail::check_policy<Policy>());
+  static constexpr bool asynchronous = is_asynchronous_policy_v<Policy>;
+  using clock = std::chrono::steady_clock;
 
 public:
   DispatchedModel(std::shared_ptr<const Artifact> artifact, Policy policy,
                   c10::ScalarType dtype = c10::kDouble)
       : _policy(validated(std::move(policy)))
-      , _session(std::move(artifact), _policy.compute_device(), dtype)
-      , _compute_device(_session.device().torch()) {}
+      , _listed(listed_devices(_policy)) {
+    if (_listed.empty())
+      throw FatalError("the dispatch policy lists no devices; list at least one");
+    for (std::size_t d = 0; d < _listed.size(); ++d) {
+      _sessions.emplace_back(artifact, _listed[d], dtype, chunks_in_flight(d));
+      _compute.push_back(_sessions.back().device().torch());
+    }
+    if constexpr (asynchronous) {
+      std::vector<detail::WorkerPool::Lane> lanes;
+      for (std::size_t d = 0; d < _listed.size(); ++d)
+        lanes.push_back({_compute[d], chunks_in_flight(d)});
+      _engine = std::make_unique<Engine>(_listed.size(), lanes);
+    } else
+      (void)session_of(_policy.compute_device()); // a device it does not list fails now
+  }
 
   /// @name Evaluation (see Session for the shapes).
   ///@{
   [[nodiscard]] TensorMap forward(const TensorMap& inputs) const {
-    return _session.forward_result(dispatch(Operation::forward, inputs, {}));
+    return named(
+        [&] { return session().forward_result(dispatch(Operation::forward, inputs, {})); });
   }
   [[nodiscard]] std::pair<TensorMap, TensorMap> jvp(const TensorMap& inputs,
                                                     const TensorMap& tangents) const {
-    return _session.jvp_result(dispatch(Operation::jvp, inputs, tangents));
+    return named([&] { return session().jvp_result(dispatch(Operation::jvp, inputs, tangents)); });
   }
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian> jacobian(const TensorMap& inputs) const {
-    return _session.jacobian_result(dispatch(Operation::jacobian, inputs, {}));
+    return named(
+        [&] { return session().jacobian_result(dispatch(Operation::jacobian, inputs, {})); });
   }
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
   param_jacobian(const TensorMap& inputs) const {
-    return _session.param_jacobian_result(dispatch(Operation::param_jacobian, inputs, {}));
+    return named([&] {
+      return session().param_jacobian_result(dispatch(Operation::param_jacobian, inputs, {}));
+    });
   }
   [[nodiscard]] TensorMap param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
-    return _session.param_vjp_result(dispatch(Operation::param_vjp, inputs, cotangents));
+    return session().param_vjp_result(dispatch(Operation::param_vjp, inputs, cotangents));
   }
   ///@}
 
-  /// @name Promoted parameters and metadata.
+  /// @name Evaluation into the caller's tensors: one per result, keyed as the results
+  /// above are, of the result's shape, in the model's dtype, on any device, with any
+  /// strides whose elements are distinct (a slice, a transposed view). Chunks write
+  /// straight into the caller's rows; nothing of the outputs' size is allocated. Checked
+  /// before anything runs: a wrong tensor is a FatalError and the caller's data is left
+  /// as it was.
+  /// @code
+  /// auto stress = at::empty({batch, 6}, at::kDouble);   // allocated once, reused
+  /// model.forward_into({{"strain", strain}}, {{"stress", stress}});
+  /// @endcode
   ///@{
-  [[nodiscard]] TensorMap& named_parameters() noexcept { return _session.named_parameters(); }
+  void forward_into(const TensorMap& inputs, const TensorMap& outputs) const {
+    into(Operation::forward, inputs, {}, outputs, {}, {});
+  }
+  void jvp_into(const TensorMap& inputs, const TensorMap& tangents, const TensorMap& outputs,
+                const TensorMap& output_tangents) const {
+    into(Operation::jvp, inputs, tangents, outputs, output_tangents, {});
+  }
+  void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                     const VariablePairJacobian& J) const {
+    into(Operation::jacobian, inputs, {}, outputs, {}, J);
+  }
+  void param_jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                           const VariablePairJacobian& P) const {
+    into(Operation::param_jacobian, inputs, {}, outputs, {}, P);
+  }
+  void param_vjp_into(const TensorMap& inputs, const TensorMap& cotangents,
+                      const TensorMap& gradients) const {
+    into(Operation::param_vjp, inputs, cotangents, gradients, {}, {});
+  }
+  ///@}
+
+  /// A call bound once to `names` (default: input_names()), for hosts that call with the
+  /// same inputs over and over: then tensors in that order, results in output_names()
+  /// order, no name lookups and no maps. It refers to this model, which must outlive it.
+  [[nodiscard]] PreparedCall<Policy> prepare(std::vector<std::string> names = {}) const {
+    return PreparedCall<Policy>(*this, std::move(names));
+  }
+
+  /// Calls `observer` once per chunk (see ChunkEvent); an empty one turns it off. Set it
+  /// while no call is running.
+  void set_observer(ChunkObserver observer) { _observer = std::move(observer); }
+
+  /// @name Promoted parameters: one master map, used by every device's chunks.
+  ///@{
+  [[nodiscard]] TensorMap& named_parameters() noexcept { return session().named_parameters(); }
   [[nodiscard]] const TensorMap& named_parameters() const noexcept {
-    return _session.named_parameters();
+    return session().named_parameters();
   }
   void set_parameter(const std::string& name, const at::Tensor& value) {
-    _session.set_parameter(name, value);
+    session().set_parameter(name, value);
   }
+  ///@}
+
+  /// @name Metadata.
+  ///@{
   [[nodiscard]] const std::vector<std::string>& input_names() const noexcept {
-    return _session.input_names();
+    return session().input_names();
   }
   [[nodiscard]] const std::vector<std::string>& output_names() const noexcept {
-    return _session.output_names();
+    return session().output_names();
   }
   [[nodiscard]] const std::vector<Shape>& input_base_shapes() const noexcept {
-    return _session.input_base_shapes();
+    return session().input_base_shapes();
   }
   [[nodiscard]] const std::vector<Shape>& output_base_shapes() const noexcept {
-    return _session.output_base_shapes();
+    return session().output_base_shapes();
   }
   [[nodiscard]] const std::map<std::string, Shape>& parameter_base_shapes() const noexcept {
-    return _session.parameter_base_shapes();
+    return session().parameter_base_shapes();
   }
-  [[nodiscard]] const Device& device() const noexcept { return _session.device(); }
-  [[nodiscard]] c10::ScalarType dtype() const noexcept { return _session.dtype(); }
-  [[nodiscard]] const Artifact& artifact() const noexcept { return _session.artifact(); }
+  /// The first listed device, resolved (a bare `cuda` becomes the current CUDA device).
+  [[nodiscard]] const Device& device() const noexcept { return session().device(); }
+  /// Every listed device's session, in the policy's order.
+  [[nodiscard]] const std::vector<Session>& sessions() const noexcept { return _sessions; }
+  [[nodiscard]] c10::ScalarType dtype() const noexcept { return session().dtype(); }
+  [[nodiscard]] const Artifact& artifact() const noexcept { return session().artifact(); }
   [[nodiscard]] const Policy& policy() const noexcept { return _policy; }
   ///@}
 
+  /// @name Newton settings of an implicit model (see Session::solver_config); a change
+  /// reaches every device's session. Not while calls are running.
+  ///@{
+  [[nodiscard]] const SolverConfig& solver_config() const { return session().solver_config(); }
+  void set_solver_config(const SolverConfig& config) {
+    for (auto& s : _sessions)
+      s.set_solver_config(config);
+  }
+  ///@}
+
 private:
+  friend struct detail::ModelAccess;
+  friend class PreparedCall<Policy>;
+  using ChunkHook = std::function<void(const ChunkEvent&)>;
+
+  // The first session holds the master parameters and answers metadata queries.
+  [[nodiscard]] const Session& session() const noexcept { return _sessions.front(); }
+  [[nodiscard]] Session& session() noexcept { return _sessions.front(); }
+
   static Policy validated(Policy policy) {
     if constexpr (requires { policy.validate(); })
       policy.validate();
     return policy;
   }
 
-  std::vector<at::Tensor> dispatch(Operation op, const TensorMap& inputs,
-                                   const TensorMap& extras) const {
-    return detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
-      auto call =
-          _session.bind(op, inputs, extras, _session.named_parameters(), /*required_device=*/{});
-      const auto batch = call.batch;
-      auto rows = static_cast<std::int64_t>(_policy.chunk_rows(batch));
-      if (rows < 0)
-        throw FatalError("the dispatch policy's chunk_rows(" + std::to_string(batch) +
-                         ") returned " + std::to_string(rows) +
-                         "; chunk_rows() must return >= 0 (rows per chunk; 0 = the whole batch)");
-      rows = rows == 0 ? batch : std::min(rows, batch);
+  [[nodiscard]] std::size_t chunks_in_flight(std::size_t d) const {
+    if constexpr (requires { _policy.chunks_in_flight(d); })
+      if (_listed[d].is_accelerator())
+        return std::max<std::size_t>(static_cast<std::size_t>(_policy.chunks_in_flight(d)), 1);
+    return 1;
+  }
 
-      detail::ChunkArgs chunk;
-      if (batch > 0 && rows == batch && call.device == _compute_device) {
-        detail::take_all(call, _compute_device, chunk);
-        return detail::finish_whole(call, _session.run(op, chunk));
-      }
-      detail::Gatherer results(call, _session.dtype());
-      for (std::int64_t first = 0; first < batch; first += rows) {
-        const auto n = std::min(rows, batch - first);
-        detail::take_rows(call, first, n, _compute_device, chunk);
-        results.add(first, n, _session.run(op, chunk));
-      }
-      return std::move(results).finish();
+  [[nodiscard]] std::size_t session_of(const Device& device) const {
+    for (std::size_t d = 0; d < _listed.size(); ++d)
+      if (_listed[d] == device)
+        return d;
+    throw FatalError("the dispatch policy's compute_device() is " + device.str() +
+                     ", which its devices() does not list (" + listed_text() +
+                     "); list it there, or compute on a listed device");
+  }
+
+  [[nodiscard]] std::string listed_text() const {
+    std::string text;
+    for (const auto& d : _listed)
+      text += (text.empty() ? "{" : ", ") + d.str();
+    return text + "}";
+  }
+
+  // A per-row ConvergenceError leaves a public call with the outputs by name.
+  template <class F>
+  auto named(F&& f) const {
+    try {
+      return f();
+    } catch (const ConvergenceError& e) {
+      if (!e.per_row() || !e.outputs().empty() || e.results().empty())
+        throw;
+      auto results = e.results();
+      throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), e.results(),
+                             session().forward_result(std::move(results)));
+    }
+  }
+
+  void into(Operation op, const TensorMap& inputs, const TensorMap& extras, const TensorMap& values,
+            const TensorMap& tangents, const VariablePairJacobian& blocks) const {
+    named([&] {
+      const auto destinations = detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
+        return session().destinations(op, values, tangents, blocks);
+      });
+      return dispatch(op, inputs, extras, &destinations);
     });
   }
 
-  Policy _policy;
-  Session _session;
-  c10::Device _compute_device; // _session.device(), converted once rather than per call
+  // `inputs`: by name (a TensorMap) or in input_names() order (a vector). `into`: the
+  // caller's tensors for the results (see Session::destinations).
+  template <class Inputs>
+  std::vector<at::Tensor> dispatch(Operation op, Inputs&& inputs, const TensorMap& extras,
+                                   const detail::Destinations* into = nullptr) const {
+    return detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
+      auto call = session().bind(op, std::forward<Inputs>(inputs), extras, named_parameters(), {});
+      auto targets =
+          into ? detail::writable(call, session().dtype(), *into) : std::vector<at::Tensor>{};
+      if constexpr (asynchronous)
+        return dispatch_async(op, call, std::move(targets));
+      else
+        return dispatch_sync(op, call, std::move(targets));
+    });
+  }
 
+  // The whole call as one chunk on the input device: no slicing, no copy (but into the
+  // caller's tensors, when given).
+  std::vector<at::Tensor> run_direct(Operation op, detail::BoundCall& call, std::size_t d,
+                                     const std::vector<at::Tensor>& targets) const {
+    detail::ChunkArgs chunk;
+    detail::take_all(call, _compute[d], chunk);
+    const auto deliver = [&](std::vector<at::Tensor> results) {
+      if (!targets.empty() && results.size() == targets.size()) {
+        detail::copy_into(targets, call, results);
+        return targets;
+      }
+      return results;
+    };
+    std::vector<at::Tensor> results;
+    try {
+      if (_before_chunk)
+        _before_chunk(event(0, d, 0, call.batch, 0));
+      results = _sessions[d].run(op, chunk);
+    } catch (const ConvergenceError& e) {
+      if (!e.per_row())
+        throw;
+      detail::throw_failed_rows(e.converged_mask(), e.worst_residual(),
+                                deliver(detail::finish_whole(call, e.results())));
+    }
+    return deliver(detail::finish_whole(call, std::move(results)));
+  }
+
+  // One chunk's rows, run on device d and put in place (any thread).
+  void run_chunk(Operation op, const detail::BoundCall& call, detail::Gatherer& results,
+                 std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index) const {
+    const auto device = _compute[d];
+    detail::ChunkArgs chunk;
+    if (device.is_cpu() || device == call.device)
+      detail::take_rows(call, first, rows, device, chunk);
+    else
+      detail::take_rows_staged(call, first, rows, device, chunk);
+    try {
+      if (_before_chunk)
+        _before_chunk(event(index, d, first, rows, 0));
+      results.add(index, first, rows, _sessions[d].run(op, chunk));
+    } catch (const ConvergenceError& e) {
+      if (!e.per_row())
+        throw;
+      results.add_failed_rows(index, first, rows, e);
+    }
+    if (!device.is_cpu())
+      detail::synchronize_current_stream(device);
+  }
+
+  std::vector<at::Tensor> dispatch_sync(Operation op, detail::BoundCall& call,
+                                        std::vector<at::Tensor> targets) const {
+    const auto d = session_of(_policy.compute_device());
+    const auto batch = call.batch;
+    auto rows = static_cast<std::int64_t>(_policy.chunk_rows(batch));
+    if (rows < 0)
+      throw FatalError("the dispatch policy's chunk_rows(" + std::to_string(batch) + ") returned " +
+                       std::to_string(rows) +
+                       "; chunk_rows() must return >= 0 (rows per chunk; 0 = the whole batch)");
+    rows = rows == 0 ? batch : std::min(rows, batch);
+    if (batch > 0 && rows == batch && call.device == _compute[d]) {
+      if (!_observer)
+        return run_direct(op, call, d, targets);
+      const auto start = clock::now();
+      auto results = run_direct(op, call, d, targets);
+      _observer(event(0, d, 0, batch, seconds_since(start)));
+      return results;
+    }
+    detail::Gatherer results(call, session().dtype(), /*concurrent=*/false, std::move(targets));
+    std::size_t index = 0;
+    for (std::int64_t first = 0; first < batch; first += rows, ++index) {
+      const auto n = std::min(rows, batch - first);
+      const auto start = _observer ? clock::now() : clock::time_point{};
+      run_chunk(op, call, results, d, first, n, index);
+      if (_observer)
+        _observer(event(index, d, first, n, seconds_since(start)));
+    }
+    return std::move(results).finish();
+  }
+
+  // ------------------------------------------------------------ asynchronous policies
+
+  // What every call and worker of one model shares, under one lock.
+  struct Engine {
+    Engine(std::size_t devices, const std::vector<detail::WorkerPool::Lane>& lanes)
+        : rows_in_flight(devices, 0)
+        , pool(lanes) {}
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<std::int64_t> rows_in_flight; // per device
+    policy_state_t<Policy> state;
+    detail::WorkerPool pool; // last: joined before the rest goes
+  };
+
+  // One call's chunks in flight and failures (guarded by Engine::mutex).
+  struct Progress {
+    std::size_t in_flight = 0;
+    std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
+  };
+
+  std::vector<at::Tensor> dispatch_async(Operation op, detail::BoundCall& call,
+                                         std::vector<at::Tensor> targets) const {
+    const auto batch = call.batch;
+    if (batch == 0)
+      return detail::Gatherer(call, session().dtype(), false, std::move(targets)).finish();
+    auto& engine = *_engine;
+    std::optional<detail::Gatherer> results; // made for the first chunk that is not direct
+    std::vector<at::Tensor> direct;
+    Progress progress;
+    std::unique_lock lock(engine.mutex);
+    std::int64_t first = 0;
+    std::size_t index = 0;
+    try {
+      while (first < batch && progress.errors.empty()) {
+        const auto choice = _policy.next_chunk(std::span<const std::int64_t>(engine.rows_in_flight),
+                                               batch - first, engine.state);
+        if (!choice) {
+          if (std::all_of(engine.rows_in_flight.begin(), engine.rows_in_flight.end(),
+                          [](std::int64_t r) { return r == 0; }))
+            throw FatalError("the dispatch policy's next_chunk() gave no chunk while every "
+                             "device was idle (" +
+                             std::to_string(batch - first) + " of " + std::to_string(batch) +
+                             " rows left); return a ChunkChoice when a device has room, and "
+                             "nullopt only to wait for a chunk in flight");
+          engine.changed.wait(lock);
+          continue;
+        }
+        check(*choice, batch - first);
+        const auto [d, n] = *choice;
+        _policy.on_dispatched(d, n, engine.state);
+        engine.rows_in_flight[d] += n;
+        ++progress.in_flight;
+        if (n == batch && call.device == _compute[d]) { // one chunk in place: no pool, no copy
+          lock.unlock();
+          complete(d, 0, n, 0, progress, [&] { direct = run_direct(op, call, d, targets); });
+          lock.lock();
+        } else
+          try {
+            if (!results)
+              results.emplace(call, session().dtype(), /*concurrent=*/true, std::move(targets));
+            engine.pool.submit(
+                d, [this, op, &call, &gather = *results, &progress, d, n, first, index] {
+                  complete(d, first, n, index, progress,
+                           [&] { run_chunk(op, call, gather, d, first, n, index); });
+                });
+          } catch (...) { // not queued: it will never complete
+            engine.rows_in_flight[d] -= n;
+            --progress.in_flight;
+            throw;
+          }
+        first += n;
+        ++index;
+      }
+    } catch (...) {
+      progress.errors.emplace_back(
+          index, detail::as_library_error(std::current_exception(), "neml2::DispatchedModel"));
+    }
+    engine.changed.wait(lock, [&] { return progress.in_flight == 0; });
+    lock.unlock();
+    rethrow(progress.errors);
+    return results ? std::move(*results).finish() : std::move(direct);
+  }
+
+  // Runs a chunk, then books its completion: loads, the policy, the observer, the call.
+  template <class Run>
+  void complete(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index,
+                Progress& progress, Run&& run) const {
+    const auto start = clock::now();
+    std::exception_ptr error;
+    try {
+      run();
+    } catch (...) {
+      error = detail::as_library_error(std::current_exception(),
+                                       "running a chunk on " + _listed[d].str());
+    }
+    const auto seconds = seconds_since(start);
+    auto& engine = *_engine;
+    {
+      std::lock_guard lock(engine.mutex);
+      engine.rows_in_flight[d] -= rows;
+      try {
+        _policy.on_completed(d, rows, seconds, engine.state);
+        if (_observer)
+          _observer(event(index, d, first, rows, seconds));
+      } catch (...) {
+        if (!error)
+          error = detail::as_library_error(std::current_exception(), "after a chunk completed");
+      }
+      if (error)
+        progress.errors.emplace_back(index, error);
+      --progress.in_flight;
+    }
+    engine.changed.notify_all();
+  }
+
+  void check(const ChunkChoice& choice, std::int64_t remaining) const {
+    if (choice.device >= _listed.size())
+      throw FatalError("the dispatch policy's next_chunk() chose device index " +
+                       std::to_string(choice.device) + ", but the policy lists " +
+                       std::to_string(_listed.size()) + " device(s) " + listed_text() +
+                       "; return an index into its devices");
+    if (choice.rows < 1 || choice.rows > remaining)
+      throw FatalError("the dispatch policy's next_chunk() chose " + std::to_string(choice.rows) +
+                       " rows for " + _listed[choice.device].str() + " with " +
+                       std::to_string(remaining) +
+                       " rows remaining; a chunk takes 1 to the remaining rows");
+  }
+
+  // One error is rethrown as it is; several become an AggregateError in chunk order.
+  static void rethrow(std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
+    if (errors.empty())
+      return;
+    std::stable_sort(errors.begin(), errors.end(),
+                     [](const auto& a, const auto& b) { return a.first < b.first; });
+    if (errors.size() == 1)
+      std::rethrow_exception(errors.front().second);
+    std::vector<std::exception_ptr> all;
+    for (auto& [index, error] : errors)
+      all.push_back(error);
+    throw AggregateError(std::move(all));
+  }
+
+  [[nodiscard]] ChunkEvent event(std::size_t index, std::size_t d, std::int64_t first,
+                                 std::int64_t rows, double seconds) const {
+    return {index, d, _listed[d], first, rows, seconds};
+  }
+
+  static double seconds_since(clock::time_point start) {
+    return std::chrono::duration<double>(clock::now() - start).count();
+  }
+
+  struct NoEngine {};
+
+  Policy _policy;
+  std::vector<Device> _listed;       // as the policy lists them
+  std::vector<Session> _sessions;    // one per listed device
+  std::vector<c10::Device> _compute; // each session's device, resolved once
+  ChunkObserver _observer;           // empty: nothing timed, nothing called
+  ChunkHook _before_chunk;           // tests inject faults here (detail::ModelAccess)
+  std::conditional_t<asynchronous, std::unique_ptr<Engine>, NoEngine> _engine;
+};
+
+namespace detail {
+/// For tests: run `hook` as each chunk starts (it may throw to fail that chunk).
+struct ModelAccess {
+  template <class Policy>
+  static void before_chunk(DispatchedModel<Policy>& model,
+                           std::function<void(const ChunkEvent&)> hook) {
+    model._before_chunk = std::move(hook);
+  }
+};
+} // namespace detail
+
+/// @brief A DispatchedModel call bound once to input names (see DispatchedModel::prepare).
+/// @code
+/// const auto step = model.prepare({"strain"});
+/// auto stress = at::empty({batch, 6}, at::kDouble);
+/// for (...) step.forward_into({strain}, {stress});   // same results as forward()
+/// @endcode
+template <class Policy>
+class PreparedCall {
 public:
-  /// @name Newton settings of an implicit model (see Session::solver_config).
-  ///@{
-  [[nodiscard]] const SolverConfig& solver_config() const { return _session.solver_config(); }
-  void set_solver_config(const SolverConfig& config) { _session.set_solver_config(config); }
-  ///@}
+  /// The outputs, in the model's output_names() order.
+  [[nodiscard]] std::vector<at::Tensor> forward(std::span<const at::Tensor> inputs) const {
+    return _model->dispatch(Operation::forward, in_model_order(inputs), {});
+  }
+  /// Into the caller's tensors, one per output in output_names() order.
+  void forward_into(std::span<const at::Tensor> inputs, std::span<const at::Tensor> outputs) const {
+    if (outputs.size() != _output_labels.size())
+      throw FatalError(std::to_string(outputs.size()) + " output tensors given, but the model " +
+                       "has " + std::to_string(_output_labels.size()) +
+                       " outputs; pass one per output, in output_names() order");
+    const detail::Destinations into{{outputs.begin(), outputs.end()}, _output_labels};
+    _model->named(
+        [&] { return _model->dispatch(Operation::forward, in_model_order(inputs), {}, &into); });
+  }
+  /// The input names this call takes, in order.
+  [[nodiscard]] const std::vector<std::string>& input_names() const noexcept { return _names; }
+
+private:
+  friend class DispatchedModel<Policy>;
+
+  PreparedCall(const DispatchedModel<Policy>& model, std::vector<std::string> names)
+      : _model(&model)
+      , _names(names.empty() ? model.input_names() : std::move(names)) {
+    const auto& all = model.input_names();
+    if (_names.size() != all.size())
+      throw FatalError("prepare(): " + std::to_string(_names.size()) + " names given, but the " +
+                       "model takes " + std::to_string(all.size()) + " inputs; name each once");
+    for (const auto& name : _names) {
+      const auto it = std::find(all.begin(), all.end(), name);
+      if (it == all.end() || std::count(_names.begin(), _names.end(), name) > 1)
+        throw FatalError("prepare(): '" + name + "' is " +
+                         (it == all.end() ? "not an input of this model" : "named twice") +
+                         "; name each input once");
+      _positions.push_back(static_cast<std::size_t>(it - all.begin()));
+    }
+    for (std::size_t i = 0; i < _positions.size(); ++i)
+      _in_order = _in_order && _positions[i] == i;
+    for (const auto& name : model.output_names())
+      _output_labels.push_back("output '" + name + "'");
+  }
+
+  std::vector<at::Tensor> in_model_order(std::span<const at::Tensor> inputs) const {
+    if (inputs.size() != _positions.size())
+      throw FatalError(std::to_string(inputs.size()) + " input tensors given, but this call " +
+                       "was prepared for " + std::to_string(_positions.size()) +
+                       "; pass them in the order given to prepare()");
+    if (_in_order)
+      return {inputs.begin(), inputs.end()};
+    std::vector<at::Tensor> ordered(inputs.size());
+    for (std::size_t k = 0; k < inputs.size(); ++k)
+      ordered[_positions[k]] = inputs[k];
+    return ordered;
+  }
+
+  const DispatchedModel<Policy>* _model;
+  std::vector<std::string> _names;
+  std::vector<std::size_t> _positions; // the k-th tensor given is input _positions[k]
+  bool _in_order = true;               // _positions is 0, 1, 2, ...
+  std::vector<std::string> _output_labels;
 };
 
 /// Loads `name` from a stub (or an artifact root) and runs whole batches on the CPU.

@@ -62,8 +62,7 @@ public:
   /// filled, `outputs` the same as the public map of outputs (may be empty inside the
   /// library, where only positional results are known).
   ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
-                   std::vector<at::Tensor> results,
-                   std::map<std::string, at::Tensor> outputs = {})
+                   std::vector<at::Tensor> results, std::map<std::string, at::Tensor> outputs = {})
       : Exception(message, true)
       , _converged(std::move(converged))
       , _worst_residual(worst_residual)
@@ -139,6 +138,20 @@ private:
 };
 
 namespace detail {
+/// `error` as one of ours: a foreign one becomes a FatalError that keeps its message,
+/// prefixed by what was being done.
+inline std::exception_ptr as_library_error(std::exception_ptr error, const std::string& doing) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const Exception&) {
+    return error;
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(FatalError(doing + ": " + e.what()));
+  } catch (...) {
+    return std::make_exception_ptr(FatalError(doing + ": unknown non-standard exception"));
+  }
+}
+
 /// Runs f; anything foreign (torch's c10::Error, std::bad_alloc, ...) leaves as a
 /// FatalError that keeps the original message, prefixed by what was being done.
 template <class F>

@@ -36,8 +36,10 @@ using VariablePairJacobian = std::map<std::string, TensorMap>;
 /// @see DispatchedModel, which chunks a batch over sessions.
 class Session {
 public:
+  /// `concurrency`: how many calls may run the graphs at once (AOTI runners; on an
+  /// accelerator, the chunks a dispatcher keeps in flight).
   Session(std::shared_ptr<const Artifact> artifact, const Device& device,
-          c10::ScalarType dtype = c10::kDouble);
+          c10::ScalarType dtype = c10::kDouble, std::size_t concurrency = 1);
   ~Session();
   Session(Session&&) noexcept;
   Session& operator=(Session&&) noexcept;
@@ -97,6 +99,12 @@ public:
   [[nodiscard]] detail::BoundCall bind(Operation op, const TensorMap& inputs,
                                        const TensorMap& extras, const TensorMap& params,
                                        std::optional<c10::Device> required_device) const;
+  /// The same with the inputs already in input_names() order (no name lookups).
+  [[nodiscard]] detail::BoundCall bind(Operation op, std::vector<at::Tensor> inputs,
+                                       const TensorMap& extras, const TensorMap& params,
+                                       std::optional<c10::Device> required_device) const;
+  /// The inputs in input_names() order; a FatalError for a missing or unknown name.
+  [[nodiscard]] std::vector<at::Tensor> positional_inputs(const TensorMap& inputs) const;
   /// Runs `op` on one chunk (see detail::ChunkArgs); results in slot order.
   [[nodiscard]] std::vector<at::Tensor> run(Operation op, detail::ChunkArgs& chunk) const;
   /// The positional results of each operation as the public maps.
@@ -107,6 +115,13 @@ public:
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
   param_jacobian_result(std::vector<at::Tensor>&& results) const;
   [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
+  /// The inverse: the caller's tensors for `op`'s results in slot order. `values` are the
+  /// outputs (the gradients for param_vjp), `tangents` the output tangents (jvp), `blocks`
+  /// the Jacobian (jacobian) or parameter Jacobian (param_jacobian) blocks. Every result
+  /// must be given, and nothing else: a FatalError names what is missing or unknown.
+  [[nodiscard]] detail::Destinations destinations(Operation op, const TensorMap& values,
+                                                  const TensorMap& tangents,
+                                                  const VariablePairJacobian& blocks) const;
   ///@}
 
 private:

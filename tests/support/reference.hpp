@@ -78,6 +78,20 @@ inline void check_close(const neml2::TensorMap& actual, const neml2::TensorMap& 
   }
 }
 
+/// Bitwise equal: same shape, same values (NaN nowhere).
+inline bool identical(const at::Tensor& a, const at::Tensor& b) {
+  return a.sizes() == b.sizes() && at::equal(a.to(at::kCPU), b.to(at::kCPU));
+}
+
+inline bool identical(const neml2::TensorMap& a, const neml2::TensorMap& b) {
+  if (a.size() != b.size())
+    return false;
+  for (const auto& [name, t] : a)
+    if (!b.count(name) || !identical(t, b.at(name)))
+      return false;
+  return true;
+}
+
 inline bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }

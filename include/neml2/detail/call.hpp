@@ -5,6 +5,7 @@
 /// the session (which produces and consumes them) and the dispatchers (which chunk them).
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -54,6 +55,13 @@ struct BoundCall {
   }
   const std::vector<ResultSlot>* shared_slots = nullptr;
   std::vector<ResultSlot> own_slots;
+};
+
+/// The caller's tensors for an operation's results, in slot order, each with what it is
+/// ("output 'stress'", "J['stress']['strain']") for errors.
+struct Destinations {
+  std::vector<at::Tensor> tensors;
+  std::vector<std::string> labels;
 };
 
 } // namespace detail

@@ -1,0 +1,36 @@
+#pragma once
+
+/// @file observer.hpp
+/// @brief What a chunk observer sees: where each chunk of a call ran and how long it took.
+/// Tests use it to prove a policy is obeyed; users use it to profile.
+/// @code
+/// model.set_observer([](const neml2::ChunkEvent & c) {
+///   std::printf("chunk %zu: rows [%lld, +%lld) on %s, %.3f ms\n", c.index, c.first, c.rows,
+///               c.device.str().c_str(), 1e3 * c.seconds);
+/// });
+/// @endcode
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+
+#include <neml2/device.hpp>
+
+namespace neml2 {
+
+/// One chunk of a call, reported when it completes (failed chunks too).
+struct ChunkEvent {
+  std::size_t index = 0;        ///< order of assignment within the call: 0, 1, 2, ...
+  std::size_t device_index = 0; ///< position of the device in the policy's list
+  Device device;                ///< that device, as the policy listed it
+  std::int64_t first = 0;       ///< first row of the batch
+  std::int64_t rows = 0;        ///< number of rows
+  double seconds = 0;           ///< from taking the rows to the results in place
+};
+
+/// Called once per chunk. With an asynchronous policy, from worker threads, serialized by
+/// the model's lock; with a synchronous one, on the calling thread (so concurrently when
+/// several threads call one model: guard what the observer writes).
+using ChunkObserver = std::function<void(const ChunkEvent&)>;
+
+} // namespace neml2

@@ -1,0 +1,102 @@
+#pragma once
+
+/// @file policies/greedy_priority_capacity.hpp
+/// @brief One batch over the CPU and the GPUs at once: each chunk goes to the
+/// highest-priority device with room for it.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <neml2/errors.hpp>
+#include <neml2/policy.hpp>
+
+namespace neml2 {
+
+/// @brief Spreads a batch over several devices at once. Each chunk goes to the device of
+/// highest priority whose rows in flight plus its batch size stay within its capacity
+/// (ties to the earlier device). `capacities` and `priorities` are optional; a list of
+/// length 1 applies to every device. Capacity counts rows in flight (default: one
+/// chunk); on a GPU, a capacity of k chunks keeps k chunks in flight, each on its own
+/// stream, so copies overlap compute.
+/// @code
+/// auto model = neml2::load_model("aoti/model_aoti.i", "model",
+///     neml2::GreedyPriorityCapacity{.devices = {"cpu", "cuda:0"},
+///                                   .batch_sizes = {1024, 65536},
+///                                   .capacities = {1024, 4 * 65536}});
+/// @endcode
+/// @see DispatchedModel, SyncChunking
+struct GreedyPriorityCapacity {
+  using dispatch_mode = asynchronous;
+
+  std::vector<Device> devices;
+  std::vector<std::int64_t> batch_sizes;
+  std::vector<std::int64_t> capacities = {}; ///< rows in flight; empty: one chunk
+  std::vector<double> priorities = {};       ///< higher first; empty: all equal
+
+  [[nodiscard]] std::int64_t batch_size(std::size_t d) const { return of(batch_sizes, d); }
+  [[nodiscard]] std::int64_t capacity(std::size_t d) const {
+    return capacities.empty() ? batch_size(d) : of(capacities, d);
+  }
+  [[nodiscard]] double priority(std::size_t d) const {
+    return priorities.empty() ? 1 : of(priorities, d);
+  }
+
+  [[nodiscard]] std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
+                                                      std::int64_t remaining, no_state&) const {
+    std::optional<std::size_t> best;
+    for (std::size_t d = 0; d < devices.size(); ++d)
+      if (rows_in_flight[d] + batch_size(d) <= capacity(d) &&
+          (!best || priority(d) > priority(*best)))
+        best = d;
+    if (!best)
+      return std::nullopt;
+    return ChunkChoice{*best, std::min(remaining, batch_size(*best))};
+  }
+  void on_dispatched(std::size_t, std::int64_t, no_state&) const {}
+  void on_completed(std::size_t, std::int64_t, double, no_state&) const {}
+
+  /// Chunks a device may have in flight at once: capacity over batch size.
+  [[nodiscard]] std::size_t chunks_in_flight(std::size_t d) const {
+    return static_cast<std::size_t>(capacity(d) / batch_size(d));
+  }
+
+  void validate() const {
+    validate_device_pool(devices, "GreedyPriorityCapacity.devices");
+    const auto n = devices.size();
+    const auto check_length = [&](std::size_t size, const char* field, bool optional) {
+      if ((size == 0 && !optional) || (size > 1 && size != n))
+        throw FatalError(std::string("GreedyPriorityCapacity.") + field + " has " +
+                         std::to_string(size) + " entries for " + std::to_string(n) +
+                         " devices; give one per device, or one for all" +
+                         (optional ? " (or none for the default)" : ""));
+    };
+    check_length(batch_sizes.size(), "batch_sizes", false);
+    check_length(capacities.size(), "capacities", true);
+    check_length(priorities.size(), "priorities", true);
+    for (std::size_t d = 0; d < n; ++d) {
+      const auto where = " for " + devices[d].str() + " (device " + std::to_string(d) + ")";
+      if (batch_size(d) < 1)
+        throw FatalError("GreedyPriorityCapacity.batch_sizes is " + std::to_string(batch_size(d)) +
+                         where + "; it must be >= 1 (rows per chunk)");
+      if (capacity(d) < batch_size(d))
+        throw FatalError("GreedyPriorityCapacity.capacities is " + std::to_string(capacity(d)) +
+                         where + ", below its batch size " + std::to_string(batch_size(d)) +
+                         "; capacity counts rows in flight: make it at least one chunk");
+    }
+  }
+
+private:
+  template <class T>
+  static T of(const std::vector<T>& list, std::size_t d) {
+    return list.size() == 1 ? list.front() : list.at(d);
+  }
+};
+
+static_assert(DispatchPolicy<GreedyPriorityCapacity>);
+static_assert(AsynchronousPolicy<GreedyPriorityCapacity>);
+
+} // namespace neml2

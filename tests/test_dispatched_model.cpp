@@ -1,0 +1,605 @@
+// DispatchedModel's engine with user-written policies: several CPU lanes at once (the
+// one-CPU rule belongs to GreedyPriorityCapacity, not to the engine), chunk sizes that
+// vary within a call, injected faults, shared parameters, concurrent callers, and what a
+// synchronous policy does not pay for.
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+#include <c10/core/CPUAllocator.h>
+
+#include "model_checks.hpp"
+
+using namespace neml2;
+using test::contains;
+
+namespace {
+
+// Chunk sizes that vary within a call, over two CPU lanes at once: with r rows left, the
+// next chunk takes 1 + (r / 3) % 4 rows on lane (r / 4) % 2, and waits while that lane is
+// busy.
+struct Lanes {
+  using dispatch_mode = asynchronous;
+  struct state_type {
+    std::size_t dispatched = 0, completed = 0;
+  };
+  std::vector<Device> devices = {"cpu", "cpu"};
+
+  static ChunkChoice plan(std::int64_t remaining) {
+    return {static_cast<std::size_t>(remaining / 4 % 2),
+            std::min(remaining, 1 + remaining / 3 % 4)};
+  }
+  std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
+                                        std::int64_t remaining, state_type&) const {
+    const auto choice = plan(remaining);
+    if (rows_in_flight[choice.device] > 0)
+      return std::nullopt;
+    return choice;
+  }
+  void on_dispatched(std::size_t, std::int64_t, state_type& s) const { ++s.dispatched; }
+  void on_completed(std::size_t, std::int64_t, double, state_type& s) const { ++s.completed; }
+};
+
+// What Lanes assigns, chunk by chunk, for a batch.
+std::vector<ChunkEvent> lanes_plan(std::int64_t batch) {
+  std::vector<ChunkEvent> plan;
+  for (std::int64_t first = 0, k = 0; first < batch; ++k) {
+    const auto [device, rows] = Lanes::plan(batch - first);
+    plan.push_back({static_cast<std::size_t>(k), device, "cpu", first, rows, 0});
+    first += rows;
+  }
+  return plan;
+}
+
+struct Recorder {
+  std::mutex mutex;
+  std::vector<ChunkEvent> events;
+  ChunkObserver observer() {
+    return [this](const ChunkEvent& e) {
+      std::lock_guard lock(mutex);
+      events.push_back(e);
+    };
+  }
+  std::vector<ChunkEvent> in_order() {
+    std::lock_guard lock(mutex);
+    auto sorted = events;
+    std::sort(sorted.begin(), sorted.end(),
+              [](const auto& a, const auto& b) { return a.index < b.index; });
+    events.clear();
+    return sorted;
+  }
+};
+
+template <class Policy>
+DispatchedModel<Policy> load(const std::string& artifact, const std::string& model,
+                             Policy policy = {}) {
+  return load_model(test::stub(artifact, model), model, std::move(policy));
+}
+
+std::size_t threads_in_process() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator("/proc/self/task"))
+    ++n;
+  return n;
+}
+
+// What `f` throws.
+template <class F>
+std::exception_ptr thrown(F&& f) {
+  try {
+    f();
+  } catch (...) {
+    return std::current_exception();
+  }
+  return nullptr;
+}
+
+// Counts the bytes torch allocates on the CPU: live now, and the peak since reset().
+struct CountingAllocator final : c10::Allocator {
+  c10::Allocator* base = c10::GetDefaultCPUAllocator();
+  std::atomic<std::int64_t> live{0}, peak{0};
+  struct Block {
+    c10::DataPtr inner;
+    std::int64_t bytes;
+    CountingAllocator* owner;
+  };
+  c10::DataPtr allocate(std::size_t n) override {
+    auto inner = base->allocate(n);
+    void* data = inner.get();
+    const auto now = live += static_cast<std::int64_t>(n);
+    for (auto seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);)
+      ;
+    return {data, new Block{std::move(inner), static_cast<std::int64_t>(n), this}, &release,
+            c10::Device(c10::kCPU)};
+  }
+  static void release(void* block) {
+    auto* b = static_cast<Block*>(block);
+    b->owner->live -= b->bytes;
+    delete b;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  std::int64_t reset() {
+    peak = live.load();
+    return live;
+  }
+};
+
+} // namespace
+
+static_assert(AsynchronousPolicy<Lanes>);
+
+TEST_CASE("several lanes at once: every chunk where the policy put it, results exact") {
+  const test::Reference ref("elasticity_params");
+  auto m = load<Lanes>("elasticity_params", "elasticity");
+  const auto whole = load("elasticity_params", "elasticity", SyncChunking{});
+  Recorder chunks;
+  m.set_observer(chunks.observer());
+  for (const auto* c : {"b1", "b2", "b7", "b33"}) {
+    CAPTURE(c);
+    const auto in = ref.group(std::string(c) + "/in");
+    const auto batch = in.at("strain").size(0);
+    const auto check_plan = [&] {
+      const auto events = chunks.in_order();
+      const auto plan = lanes_plan(batch);
+      REQUIRE(events.size() == plan.size());
+      for (std::size_t i = 0; i < plan.size(); ++i) {
+        CHECK(events[i].index == i);
+        CHECK(events[i].device_index == plan[i].device_index);
+        CHECK(events[i].first == plan[i].first);
+        CHECK(events[i].rows == plan[i].rows);
+      }
+    };
+    CHECK(test::identical(m.forward(in), whole.forward(in)));
+    check_plan();
+    test::check_jacobian(m, ref, c);
+    check_plan();
+    test::check_jvp(m, ref, c);
+    check_plan();
+    test::check_param_jacobian(m, ref, c);
+    check_plan();
+    test::check_param_vjp(m, ref, c);
+    check_plan();
+  }
+}
+
+TEST_CASE("lanes really overlap, and sums do not depend on completion order") {
+  const test::Reference ref("elasticity_params");
+  auto m = load<Lanes>("elasticity_params", "elasticity");
+  const auto in = ref.group("b33/in");
+  const auto cot = ref.group("b33/cot");
+  const auto expected = m.param_vjp(in, cot);
+  std::atomic<int> running{0}, most{0};
+  // Chunk 0 is slow: every other chunk completes before it.
+  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) {
+    const int now = ++running;
+    for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);)
+      ;
+    std::this_thread::sleep_for(std::chrono::milliseconds(e.index == 0 ? 60 : 5));
+    --running;
+  });
+  CHECK(test::identical(m.param_vjp(in, cot), expected));
+  CHECK(most.load() == 2);
+  test::check_param_vjp(m, ref, "b33");
+}
+
+TEST_CASE("a failing chunk: its own error, no new chunk after it, the model still usable") {
+  const test::Reference ref("rates");
+  auto m = load("rates", "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}});
+  std::vector<std::size_t> started;
+  const auto fail_at = [&](std::size_t chunk, auto error) {
+    started.clear();
+    neml2::detail::ModelAccess::before_chunk(m, [&started, chunk, error](const ChunkEvent& e) {
+      started.push_back(e.index);
+      if (e.index == chunk)
+        throw error;
+    });
+  };
+  fail_at(2, FatalError("injected fatal fault"));
+  CHECK(contains(test::fatal_message([&] { return m.forward(ref.group("b33/in")); }),
+                 "injected fatal fault"));
+  CHECK(started == std::vector<std::size_t>{0, 1, 2});
+
+  fail_at(1, ConvergenceError("injected divergence"));
+  try {
+    (void)m.forward(ref.group("b33/in"));
+    FAIL("nothing thrown");
+  } catch (const ConvergenceError& e) {
+    CHECK(e.recoverable());
+    CHECK(std::string(e.what()) == "injected divergence");
+  }
+  CHECK(started == std::vector<std::size_t>{0, 1});
+
+  fail_at(0, std::runtime_error("foreign fault"));
+  CHECK(contains(test::fatal_message([&] { return m.forward(ref.group("b33/in")); }),
+                 "running a chunk on cpu: foreign fault"));
+
+  neml2::detail::ModelAccess::before_chunk(m, {});
+  test::check_all_batches(m, ref, true, false);
+}
+
+TEST_CASE("several failing chunks become one AggregateError, in chunk order") {
+  const test::Reference ref("rates");
+  auto m = load<Lanes>("rates", "eq");
+  const auto fail_first_two = [&](auto first_error, auto second_error) {
+    // Chunk 0 fails late, chunk 1 at once: completion order is 1, 0.
+    neml2::detail::ModelAccess::before_chunk(m, [=](const ChunkEvent& e) {
+      if (e.index == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        throw first_error;
+      }
+      if (e.index == 1)
+        throw second_error;
+    });
+    return thrown([&] { (void)m.forward(ref.group("b33/in")); });
+  };
+  const auto message = [](const std::exception_ptr& e) -> std::string {
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& x) {
+      return x.what();
+    }
+  };
+  const auto both_recoverable =
+      fail_first_two(ConvergenceError("chunk 0 diverged"), ConvergenceError("chunk 1 diverged"));
+  try {
+    std::rethrow_exception(both_recoverable);
+  } catch (const AggregateError& e) {
+    CHECK(e.recoverable());
+    REQUIRE(e.errors().size() == 2);
+    CHECK(message(e.errors()[0]) == "chunk 0 diverged");
+    CHECK(message(e.errors()[1]) == "chunk 1 diverged");
+  } catch (...) {
+    FAIL("expected an AggregateError");
+  }
+  const auto mixed =
+      fail_first_two(ConvergenceError("chunk 0 diverged"), FatalError("chunk 1 is broken"));
+  try {
+    std::rethrow_exception(mixed);
+  } catch (const AggregateError& e) {
+    CHECK_FALSE(e.recoverable());
+    CHECK(contains(e.what(), "chunk 1 is broken"));
+  } catch (...) {
+    FAIL("expected an AggregateError");
+  }
+  neml2::detail::ModelAccess::before_chunk(m, {});
+  test::check_forward(m, ref, "b33");
+}
+
+TEST_CASE("rows that did not converge: one error over the whole batch, one mask") {
+  const test::Reference ref("rates");
+  const auto in = ref.group("b33/in");
+  // Chunks 1 and 3 fail in their last row, with residuals 0.5 and 2.
+  const auto inject = [](auto& model) {
+    neml2::detail::ModelAccess::before_chunk(model, [](const ChunkEvent& e) {
+      if (e.index != 1 && e.index != 3)
+        return;
+      auto converged = at::ones({e.rows}, at::kBool);
+      converged[e.rows - 1] = false;
+      throw ConvergenceError("rows failed", converged, e.index == 1 ? 0.5 : 2.0, {});
+    });
+  };
+  auto pool = load<Lanes>("rates", "eq");
+  auto sync = load("rates", "eq", SyncChunking{.batch_size = 3});
+  inject(pool);
+  inject(sync);
+  // The last row of chunks 1 and 3 fails; the rest of those chunks has no results.
+  const auto failing = [](const std::vector<ChunkEvent>& plan) {
+    std::vector<std::int64_t> failed{plan[1].first + plan[1].rows - 1,
+                                     plan[3].first + plan[3].rows - 1};
+    return std::pair{failed, plan[1].rows + plan[3].rows};
+  };
+  std::vector<ChunkEvent> sync_plan;
+  for (std::int64_t first = 0; first < 33; first += 3)
+    sync_plan.push_back(
+        {sync_plan.size(), 0, "cpu", first, std::min<std::int64_t>(3, 33 - first), 0});
+  for (auto [expected, forward] :
+       {std::pair{failing(lanes_plan(33)), std::function([&] { return pool.forward(in); })},
+        std::pair{failing(sync_plan), std::function([&] { return sync.forward(in); })}}) {
+    const auto [model_failed, rows_without_results] = expected;
+    try {
+      (void)forward();
+      FAIL("nothing thrown");
+    } catch (const ConvergenceError& e) {
+      REQUIRE(e.per_row());
+      CHECK(e.failed_rows() == 2);
+      CHECK(e.worst_residual() == 2.0); // the larger of the two chunks'
+      REQUIRE(e.converged_mask().sizes() == c10::IntArrayRef{33});
+      const auto failed = e.converged_mask().logical_not().nonzero().flatten();
+      CHECK(std::vector<std::int64_t>(failed.data_ptr<std::int64_t>(),
+                                      failed.data_ptr<std::int64_t>() + failed.numel()) ==
+            model_failed);
+      // The hook fails before the graph runs, so a failing chunk has no results at all:
+      // its rows are NaN; every other row is right.
+      const auto failed_mask = e.converged_mask().logical_not();
+      for (const auto& [name, reference] : ref.group("b33/out")) {
+        const auto& actual = e.outputs().at(name);
+        const auto computed = actual.isnan().logical_not();
+        CHECK(computed.sum().item<std::int64_t>() == 33 - rows_without_results);
+        test::check_close(actual.index({computed}), reference.index({computed}),
+                          "computed rows of " + name);
+        CHECK(actual.index({failed_mask}).isnan().all().item<bool>());
+      }
+    }
+  }
+}
+
+TEST_CASE("a policy's bad answers are errors that say what it did, never a hang") {
+  struct BadIndex : Lanes {
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t,
+                                          state_type&) const {
+      return ChunkChoice{5, 1};
+    }
+  };
+  struct NoRows : Lanes {
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t,
+                                          state_type&) const {
+      return ChunkChoice{0, 0};
+    }
+  };
+  struct TooMany : Lanes {
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t remaining,
+                                          state_type&) const {
+      return ChunkChoice{1, remaining + 1};
+    }
+  };
+  struct NeverChooses : Lanes {
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t,
+                                          state_type&) const {
+      return std::nullopt;
+    }
+  };
+  struct ThrowsOnCompletion : Lanes {
+    void on_completed(std::size_t, std::int64_t, double, state_type&) const {
+      throw std::logic_error("bookkeeping bug");
+    }
+  };
+  const test::Reference ref("rates");
+  const auto in = ref.group("b7/in");
+  CHECK(contains(test::fatal_message([&] { return load<BadIndex>("rates", "eq").forward(in); }),
+                 "chose device index 5, but the policy lists 2 device(s) {cpu, cpu}"));
+  CHECK(contains(test::fatal_message([&] { return load<NoRows>("rates", "eq").forward(in); }),
+                 "chose 0 rows for cpu with 7 rows remaining"));
+  CHECK(contains(test::fatal_message([&] { return load<TooMany>("rates", "eq").forward(in); }),
+                 "chose 8 rows for cpu with 7 rows remaining"));
+  CHECK(contains(test::fatal_message([&] { return load<NeverChooses>("rates", "eq").forward(in); }),
+                 "gave no chunk while every device was idle (7 of 7 rows left)"));
+  // Both lanes' chunks were in flight: each reports the policy's error.
+  const auto throws = load<ThrowsOnCompletion>("rates", "eq");
+  for (int call = 0; call < 2; ++call) {
+    try {
+      (void)throws.forward(in);
+      FAIL("nothing thrown");
+    } catch (const Exception& e) {
+      CHECK_FALSE(e.recoverable());
+      CHECK(contains(e.what(), "after a chunk completed: bookkeeping bug"));
+    }
+  }
+}
+
+TEST_CASE("parameters: one master map reaches every lane by the next call") {
+  const auto stub = test::stub("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  const auto in = ref.group("b33/in");
+  auto m = load_model(stub, "elasticity", Lanes{});
+  Session plain(std::make_shared<Artifact>(read_artifact(stub.parent_path() / "elasticity")),
+                "cpu");
+  auto& E = m.named_parameters().at("elasticity.E"); // a reference kept across calls
+  (void)m.forward(in);
+  E.fill_(2 * E.item<double>());
+  plain.set_parameter("elasticity.E", E.clone());
+  const auto changed = plain.forward(in);
+  CHECK_FALSE(test::identical(changed, ref.group("b33/out")));
+  CHECK(test::identical(m.forward(in), changed));
+  m.set_parameter("elasticity.nu", at::scalar_tensor(0.1, at::kDouble));
+  plain.set_parameter("elasticity.nu", at::scalar_tensor(0.1, at::kDouble));
+  CHECK(test::identical(m.forward(in), plain.forward(in)));
+  // Batched (one value per row): cut with the batch over both lanes.
+  test::check_batched_parameter(m, ref);
+}
+
+TEST_CASE("eight host threads call one pooled model at once, each gets its own results") {
+  const test::Reference ref("rates");
+  for (bool greedy : {false, true}) {
+    CAPTURE(greedy);
+    const auto lanes = load<Lanes>("rates", "eq");
+    const auto gpc =
+        load("rates", "eq",
+             GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4}, .capacities = {8}});
+    const auto whole = load("rates", "eq", SyncChunking{});
+    std::vector<TensorMap> inputs, expected, actual(8);
+    for (int t = 0; t < 8; ++t) {
+      TensorMap in;
+      for (const auto& [name, x] : ref.group("b33/in"))
+        in[name] = x * (1.0 + 0.25 * t);
+      inputs.push_back(in);
+      expected.push_back(whole.forward(in));
+    }
+    std::vector<std::thread> threads;
+    std::atomic<int> mismatches{0};
+    for (int t = 0; t < 8; ++t)
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < 25; ++i) {
+          actual[t] = greedy ? gpc.forward(inputs[t]) : lanes.forward(inputs[t]);
+          if (!test::identical(actual[t], expected[t]))
+            ++mismatches;
+        }
+      });
+    for (auto& t : threads)
+      t.join();
+    CHECK(mismatches.load() == 0);
+  }
+}
+
+TEST_CASE("pools start their threads with the model and join them when it goes") {
+  const auto before = neml2::detail::WorkerPool::live_threads();
+  for (int i = 0; i < 10; ++i) {
+    const auto m = load<Lanes>("rates", "eq");
+    CHECK(neml2::detail::WorkerPool::live_threads() == before + 2);
+    (void)m.forward(test::Reference("rates").group("b33/in"));
+  }
+  CHECK(neml2::detail::WorkerPool::live_threads() == before);
+}
+
+TEST_CASE("a synchronous policy starts no thread, and every chunk runs where it says") {
+  const test::Reference ref("rates");
+  const auto pool_threads = neml2::detail::WorkerPool::live_threads();
+  auto m = load("rates", "eq", SyncChunking{.batch_size = 7});
+  (void)m.forward(ref.group("b33/in")); // torch's own threads start on first use
+  const auto threads = threads_in_process();
+  Recorder chunks;
+  m.set_observer(chunks.observer());
+  for (int i = 0; i < 20; ++i)
+    test::check_forward(m, ref, "b33");
+  CHECK(threads_in_process() == threads);
+  CHECK(neml2::detail::WorkerPool::live_threads() == pool_threads);
+  auto events = chunks.in_order();
+  REQUIRE(events.size() == 20 * 5);
+  test::check_forward(m, ref, "b33");
+  events = chunks.in_order();
+  REQUIRE(events.size() == 5);
+  for (std::size_t i = 0; i < 5; ++i) {
+    CHECK(events[i].index == i);
+    CHECK(events[i].first == 7 * static_cast<std::int64_t>(i));
+    CHECK(events[i].rows == (i < 4 ? 7 : 5));
+  }
+  // The whole batch at once: one chunk.
+  auto whole = load("rates", "eq", SyncChunking{});
+  whole.set_observer(chunks.observer());
+  test::check_forward(whole, ref, "b33");
+  events = chunks.in_order();
+  REQUIRE(events.size() == 1);
+  CHECK(events[0].rows == 33);
+}
+
+TEST_CASE("every listed device gets a session; a compute device not listed is refused") {
+  struct ListsCuda : SyncChunking {
+    std::array<Device, 2> devices() const { return {"cpu", "cuda:0"}; }
+  };
+  // The CPU computes, but the cuda session is still loaded (and this artifact has none).
+  CHECK(contains(test::fatal_message([] { return load<ListsCuda>("rates", "eq"); }),
+                 "--device cuda"));
+  struct Unlisted : SyncChunking {
+    std::array<Device, 1> devices() const { return {"cpu"}; }
+    Device compute_device() const { return "cuda:1"; }
+  };
+  CHECK(contains(test::fatal_message([] { return load<Unlisted>("rates", "eq"); }),
+                 "compute_device() is cuda:1, which its devices() does not list ({cpu})"));
+}
+
+TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is copied") {
+  static CountingAllocator counting; // outlives every tensor it allocates
+  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  const auto stub = test::stub("rates", "eq");
+  const auto in = test::zeros_inputs(load_model(stub, "eq"), 1 << 14);
+  const std::int64_t outputs = 3 * (1 << 14) * 8, chunk = 3 * 1024 * 8; // three f64 rates
+  const auto measure = [&](const auto& model) {
+    (void)model.forward(in); // warm-up
+    const auto before = counting.reset();
+    const auto out = model.forward(in);
+    return std::pair{counting.live - before, counting.peak - before};
+  };
+  const auto [whole_kept, whole_peak] = measure(load_model(stub, "eq", SyncChunking{}));
+  CHECK(whole_kept == outputs);
+  CHECK(whole_peak == outputs);
+  const auto [chunked_kept, chunked_peak] =
+      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+  CHECK(chunked_kept == outputs);
+  CHECK(chunked_peak == outputs + chunk);
+  const auto [pool_kept, pool_peak] = measure(
+      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
+  CHECK(pool_kept == outputs);
+  CHECK(pool_peak == outputs + chunk);
+  const auto [direct_kept, direct_peak] = measure(
+      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1 << 14}}));
+  CHECK(direct_kept == outputs);
+  CHECK(direct_peak == outputs); // one chunk in place: the graph's results, handed over
+  // Into the caller's tensors: nothing kept; chunked, one chunk's results at a time.
+  TensorMap into;
+  for (const auto& [name, t] : load_model(stub, "eq").forward(in))
+    into[name] = at::empty_like(t);
+  const auto measure_into = [&](const auto& model) {
+    model.forward_into(in, into);
+    const auto before = counting.reset();
+    model.forward_into(in, into);
+    return std::pair{counting.live - before, counting.peak - before};
+  };
+  const auto [chunked_into_kept, chunked_into_peak] =
+      measure_into(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+  CHECK(chunked_into_kept == 0);
+  CHECK(chunked_into_peak == chunk);
+  const auto [pool_into_kept, pool_into_peak] = measure_into(
+      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
+  CHECK(pool_into_kept == 0);
+  CHECK(pool_into_peak == chunk);
+  c10::SetCPUAllocator(counting.base, /*priority=*/101);
+}
+
+TEST_CASE("implicit models through the pool: the same rows, one mask over the batch") {
+  const auto stub = [](const char* artifact) { return test::stub(artifact, "model"); };
+  // Every implicit model, every row as the whole-batch session solves it.
+  for (const auto* artifact : {"scalar_backward_euler", "j2_radial_return",
+                               "perzyna_viscoplasticity", "chaboche_viscoplasticity"}) {
+    CAPTURE(artifact);
+    const test::Reference ref(artifact);
+    const auto in = ref.group("s2/in");
+    const auto whole = load_model(stub(artifact), "model");
+    const auto expected = whole.forward(in);
+    const auto [values, J] = whole.jacobian(in);
+    const auto lanes = load_model(stub(artifact), "model", Lanes{});
+    const auto greedy = load_model(stub(artifact), "model",
+                                   GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}});
+    test::check_close(lanes.forward(in), expected, "lanes", 1e-13);
+    test::check_close(greedy.forward(in), expected, "greedy", 1e-13);
+    // Blocks through the IFT solve: Chaboche's differ from the whole batch's by up to
+    // 2.3e-11 relative (measured): the solve's rounding depends on the rows it is given.
+    const auto [lanes_values, lanes_J] = lanes.jacobian(in);
+    test::check_close(lanes_values, values, "lanes jacobian values", 1e-13);
+    for (const auto& [o, row] : J)
+      for (const auto& [i, block] : row)
+        test::check_close(lanes_J.at(o).at(i), block, "lanes d" + o + "/d" + i, 1e-10);
+  }
+
+  // x' = a - x^2: no real root for a = -50 within the iteration cap, NaN for a = NaN.
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  std::vector<double> a;
+  for (int k = 0; k < 4; ++k)
+    for (double v : {1.0, -50.0, 2.0, nan, 0.3})
+      a.push_back(v);
+  const auto rows = static_cast<std::int64_t>(a.size());
+  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
+  const TensorMap in = {{"a", at::tensor(a, at::kDouble)},
+                        {"x", filled(0.5)},
+                        {"x~1", filled(0.5)},
+                        {"t", filled(0.1)},
+                        {"t~1", filled(0.0)}};
+  const auto failure = [&](const auto& model) {
+    try {
+      (void)model.forward(in);
+    } catch (const ConvergenceError& e) {
+      return e;
+    }
+    FAIL("expected a ConvergenceError");
+    throw std::logic_error("unreachable");
+  };
+  const auto whole = failure(load_model(stub("scalar_backward_euler"), "model"));
+  REQUIRE(whole.per_row());
+  CHECK(whole.failed_rows() == 8);
+  for (const auto& e : {failure(load_model(stub("scalar_backward_euler"), "model", Lanes{})),
+                        failure(load_model(stub("scalar_backward_euler"), "model",
+                                           SyncChunking{.batch_size = 3}))}) {
+    REQUIRE(e.per_row());
+    CHECK(at::equal(e.converged_mask(), whole.converged_mask()));
+    CHECK(e.failed_rows() == 8);
+    CHECK(std::isnan(e.worst_residual()));
+    const auto converged = whole.converged_mask();
+    test::check_close(e.outputs().at("x").index({converged}),
+                      whole.outputs().at("x").index({converged}), "converged rows", 1e-13);
+    CHECK(e.outputs().at("x").index({converged.logical_not()}).isnan().all().item<bool>());
+  }
+}

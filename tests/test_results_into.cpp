@@ -1,0 +1,211 @@
+// Results into the caller's tensors: equal to the allocating calls, bit for bit, for every
+// operation, policy and chunk size, through strided and offset views; refused cleanly when
+// a tensor does not fit, with the caller's data untouched.
+
+#include "model_checks.hpp"
+
+using namespace neml2;
+using test::contains;
+
+namespace {
+
+// A tensor like `t` whose memory is neither contiguous nor at offset 0: the transpose of a
+// slice of a larger buffer, filled with a sentinel.
+at::Tensor strided_like(const at::Tensor& t, double fill = 42) {
+  if (t.dim() < 2)
+    return at::full({t.numel() + 3}, fill, t.options()).narrow(0, 3, t.numel()).view(t.sizes());
+  auto sizes = t.sizes().vec();
+  std::swap(sizes[0], sizes[1]);
+  sizes[0] += 2;
+  return at::full(sizes, fill, t.options()).narrow(0, 2, t.size(1)).transpose(0, 1);
+}
+
+TensorMap like(const TensorMap& results) {
+  TensorMap out;
+  for (const auto& [name, t] : results)
+    out[name] = strided_like(t);
+  return out;
+}
+
+VariablePairJacobian like(const VariablePairJacobian& blocks) {
+  VariablePairJacobian out;
+  for (const auto& [o, row] : blocks)
+    out[o] = like(row);
+  return out;
+}
+
+// Every operation into strided tensors, twice (the second call on other inputs into the
+// same tensors), against the allocating calls.
+template <class Model>
+void check_every_operation(const Model& m, const test::Reference& ref) {
+  for (const auto* c : {"b7", "b33"}) {
+    CAPTURE(c);
+    const TensorMap in = ref.group(std::string(c) + "/in");
+    const auto other = [&] { // other values, same shapes
+      TensorMap scaled;
+      for (const auto& [name, x] : in)
+        scaled[name] = 2 * x + 1e-3;
+      return scaled;
+    }();
+    const auto tangents = ref.group(std::string(c) + "/tangent");
+    const auto cotangents = ref.group(std::string(c) + "/cot");
+
+    auto outputs = like(m.forward(in));
+    for (const TensorMap* x : {&in, &other}) {
+      m.forward_into(*x, outputs);
+      CHECK(test::identical(outputs, m.forward(*x)));
+    }
+    const auto [values, output_tangents] = m.jvp(in, tangents);
+    auto values_into = like(values), tangents_into = like(output_tangents);
+    m.jvp_into(in, tangents, values_into, tangents_into);
+    CHECK(test::identical(values_into, values));
+    CHECK(test::identical(tangents_into, output_tangents));
+
+    for (const TensorMap* x : {&in, &other}) {
+      const auto [out, J] = m.jacobian(*x);
+      auto out_into = like(out);
+      auto J_into = like(J);
+      m.jacobian_into(*x, out_into, J_into);
+      CHECK(test::identical(out_into, out));
+      for (const auto& [o, row] : J)
+        CHECK(test::identical(J_into.at(o), row));
+    }
+    const auto [out, P] = m.param_jacobian(in);
+    auto out_into = like(out);
+    auto P_into = like(P);
+    m.param_jacobian_into(in, out_into, P_into);
+    CHECK(test::identical(out_into, out));
+    for (const auto& [o, row] : P)
+      CHECK(test::identical(P_into.at(o), row));
+
+    auto grads = like(m.param_vjp(in, cotangents));
+    m.param_vjp_into(in, cotangents, grads);
+    CHECK(test::identical(grads, m.param_vjp(in, cotangents)));
+  }
+}
+
+} // namespace
+
+TEST_CASE("into the caller's tensors: every operation, policy and chunk size") {
+  const auto stub = test::stub("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  for (std::int64_t rows : {0, 1, 3, 7}) {
+    CAPTURE(rows);
+    check_every_operation(load_model(stub, "elasticity", SyncChunking{.batch_size = rows}), ref);
+    if (rows > 0)
+      check_every_operation(load_model(stub, "elasticity",
+                                       GreedyPriorityCapacity{.devices = {"cpu"},
+                                                              .batch_sizes = {rows},
+                                                              .capacities = {2 * rows}}),
+                            ref);
+  }
+  // A batched parameter: its gradient is per row.
+  auto m = load_model(stub, "elasticity", SyncChunking{.batch_size = 3});
+  for (const auto& [name, value] : ref.group("pbatch/param"))
+    m.set_parameter(name, value);
+  const auto in = ref.group("pbatch/in"), cot = ref.group("pbatch/cot");
+  auto grads = like(m.param_vjp(in, cot));
+  m.param_vjp_into(in, cot, grads);
+  CHECK(test::identical(grads, m.param_vjp(in, cot)));
+}
+
+TEST_CASE("a call without a batch axis writes unbatched tensors; batch 0 writes nothing") {
+  const test::Reference ref("elasticity");
+  const auto m = load_model(test::stub("elasticity", "elasticity"), "elasticity",
+                            SyncChunking{.batch_size = 2});
+  const auto strain = ref["b1/in/strain"][0];
+  auto stress = at::empty({6}, at::kDouble);
+  m.forward_into({{"strain", strain}}, {{"stress", stress}});
+  CHECK(test::identical(stress, m.forward({{"strain", strain}}).at("stress")));
+  auto empty = at::empty({0, 6}, at::kDouble);
+  m.forward_into({{"strain", at::empty({0, 6}, at::kDouble)}}, {{"stress", empty}});
+  CHECK(empty.size(0) == 0);
+}
+
+TEST_CASE("a tensor that does not fit is refused before anything runs") {
+  const test::Reference ref("elasticity");
+  const auto m = load_model(test::stub("elasticity", "elasticity"), "elasticity",
+                            SyncChunking{.batch_size = 3});
+  const auto in = ref.group("b7/in");
+  const auto [out, J] = m.jacobian(in);
+  const auto refused = [&](const at::Tensor& stress, const at::Tensor& block) {
+    auto good = strided_like(out.at("stress"));
+    const auto before = good.clone();
+    const auto message = test::fatal_message([&] {
+      m.jacobian_into(in, {{"stress", stress.defined() ? stress : good}},
+                      {{"stress", {{"strain", block.defined() ? block : good}}}});
+    });
+    CHECK(test::identical(good, before)); // untouched
+    return message;
+  };
+  const auto block = J.at("stress").at("strain");
+  CHECK(contains(refused(at::empty({7, 5}, at::kDouble), block),
+                 "output 'stress' has shape [7, 5], but this call's result has shape [7, 6]"));
+  CHECK(contains(refused(at::empty({7, 6}, at::kFloat), block),
+                 "output 'stress' has dtype Float, but the model computes Double"));
+  CHECK(contains(refused(at::empty({1, 6}, at::kDouble).expand({7, 6}), block),
+                 "output 'stress' has elements that share memory"));
+  CHECK(contains(refused({}, at::empty({7, 7}, at::kDouble)),
+                 "block ['stress']['strain'] has shape [7, 7]"));
+  CHECK(contains(test::fatal_message([&] { m.forward_into(in, {}); }),
+                 "no tensor given for output 'stress'"));
+  CHECK(contains(test::fatal_message([&] {
+                   m.forward_into(in, {{"stress", at::empty({7, 6}, at::kDouble)},
+                                       {"strss", at::empty({7, 6}, at::kDouble)}});
+                 }),
+                 "output 'strss' is not a result of this call; it has: stress"));
+  CHECK(contains(test::fatal_message([&] {
+                   m.jacobian_into(in, {{"stress", at::empty({7, 6}, at::kDouble)}}, {});
+                 }),
+                 "no tensor given for the block ['stress']['strain']"));
+  // Still usable.
+  auto stress = at::empty({7, 6}, at::kDouble);
+  m.forward_into(in, {{"stress", stress}});
+  test::check_close(stress, ref["b7/out/stress"], "stress after errors");
+}
+
+TEST_CASE("a prepared call: names bound once, tensors in order, the same results") {
+  const test::Reference ref("rates");
+  for (std::int64_t rows : {0, 5}) {
+    CAPTURE(rows);
+    const auto m = load_model(test::stub("rates", "eq"), "eq", SyncChunking{.batch_size = rows});
+    const auto in = ref.group("b33/in");
+    const auto expected = m.forward(in);
+    // The model's own order, and the reverse.
+    auto names = m.input_names();
+    for (int pass = 0; pass < 2; ++pass, std::reverse(names.begin(), names.end())) {
+      const auto call = m.prepare(names);
+      std::vector<at::Tensor> tensors;
+      for (const auto& n : names)
+        tensors.push_back(in.at(n));
+      const auto outputs = call.forward(tensors);
+      REQUIRE(outputs.size() == m.output_names().size());
+      std::vector<at::Tensor> into;
+      for (std::size_t o = 0; o < outputs.size(); ++o) {
+        CHECK(test::identical(outputs[o], expected.at(m.output_names()[o])));
+        into.push_back(strided_like(outputs[o]));
+      }
+      call.forward_into(tensors, into);
+      for (std::size_t o = 0; o < outputs.size(); ++o)
+        CHECK(test::identical(into[o], outputs[o]));
+    }
+  }
+  const auto m = load_model(test::stub("rates", "eq"), "eq");
+  CHECK(m.prepare().input_names() == m.input_names());
+  CHECK(contains(test::fatal_message([&] { return m.prepare({"a"}); }),
+                 "1 names given, but the model takes 8 inputs"));
+  auto names = m.input_names();
+  names[1] = names[0];
+  CHECK(contains(test::fatal_message([&] { return m.prepare(names); }), "named twice"));
+  names[1] = "z";
+  CHECK(contains(test::fatal_message([&] { return m.prepare(names); }),
+                 "'z' is not an input of this model"));
+  const auto call = m.prepare();
+  const auto one = at::zeros({2}, at::kDouble);
+  CHECK(contains(test::fatal_message([&] { return call.forward(std::vector<at::Tensor>{one}); }),
+                 "1 input tensors given, but this call was prepared for 8"));
+  const std::vector<at::Tensor> eight(8, one);
+  CHECK(
+      contains(test::fatal_message([&] { call.forward_into(eight, std::vector<at::Tensor>{one}); }),
+               "1 output tensors given, but the model has 3 outputs"));
+}
