@@ -256,8 +256,8 @@ struct Session::Impl {
               op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
       break;
     case Operation::param_jacobian:
-      require(chain ? chain->has_param_derivatives() : bool(param_jacobian_graph),
-              "param_jacobian", "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
+      require(chain ? chain->has_param_derivatives() : bool(param_jacobian_graph), "param_jacobian",
+              "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
       break;
     case Operation::param_vjp:
       require(bool(param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
