@@ -72,6 +72,19 @@ void greedy(benchmark::State& state) {
                                                           .batch_sizes = chunks(state.range(1))}));
 }
 
+// The same with room for a second chunk per device: the next chunk waits in the lane's
+// queue instead of a thread hand-off after each completion.
+void greedy_queued(benchmark::State& state) {
+  auto batch_sizes = chunks(state.range(1));
+  std::vector<std::int64_t> capacities;
+  for (auto b : batch_sizes)
+    capacities.push_back(2 * b);
+  measure(state, neml2::load_model(stub(), "elasticity",
+                                   neml2::GreedyPriorityCapacity{.devices = devices(),
+                                                                 .batch_sizes = batch_sizes,
+                                                                 .capacities = capacities}));
+}
+
 void balanced(benchmark::State& state) {
   measure(state,
           neml2::load_model(stub(), "elasticity", ThroughputBalancing{.devices = devices()}));
@@ -110,6 +123,7 @@ void cases(benchmark::internal::Benchmark* b) {
 int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("sync_cpu", sync_cpu)->Apply(cases);
   benchmark::RegisterBenchmark("greedy", greedy)->Apply(cases);
+  benchmark::RegisterBenchmark("greedy_queued", greedy_queued)->Apply(cases);
   benchmark::RegisterBenchmark("neml2_hybrid", neml2_hybrid)->Apply(cases);
   benchmark::RegisterBenchmark("balanced", balanced)->Args({1 << 20, 0})->UseRealTime();
   if (has_gpu()) {

@@ -39,6 +39,10 @@ def main() -> int:
         print(f"batch {batch} cpu chunk {chunk}: greedy {greedy:.2f}, single devices "
               f"{', '.join(f'{s:.2f}' for s in singles)}; throughput against their sum "
               f"{summed / greedy:.3f}")
+        queued = t.get(("greedy_queued", batch, chunk))
+        if queued:
+            print(f"  with capacity for two chunks per device {queued:.2f}: throughput against "
+                  f"their sum {summed / queued:.3f}")
         peer = t.get(("neml2_hybrid", batch, chunk))
         if peer:
             print(f"  NEML2 StaticHybridScheduler {peer:.2f}: time ratio greedy/NEML2 "
