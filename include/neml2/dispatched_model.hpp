@@ -353,88 +353,117 @@ private:
 
   // ------------------------------------------------------------ asynchronous policies
 
+  // One call: what is left to dispatch, its chunks in flight, its failures. Lives on the
+  // calling thread's stack; guarded by Engine::mutex.
+  struct Progress {
+    Progress(Operation op, detail::BoundCall& call, std::vector<at::Tensor> targets)
+        : op(op)
+        , call(call)
+        , targets(std::move(targets)) {}
+    Operation op;
+    detail::BoundCall& call;
+    std::vector<at::Tensor> targets;         // the caller's tensors, until `results` takes them
+    std::optional<detail::Gatherer> results; // made before the first chunk goes to the pool
+    std::int64_t first = 0;                  // the next row to dispatch
+    std::size_t index = 0;                   // the next chunk's number
+    std::size_t in_flight = 0;
+    std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
+    std::condition_variable finished; // the calling thread sleeps here
+    [[nodiscard]] bool done() const {
+      return in_flight == 0 && (first == call.batch || !errors.empty());
+    }
+  };
+
   // What every call and worker of one model shares, under one lock.
   struct Engine {
     Engine(std::size_t devices, const std::vector<detail::WorkerPool::Lane>& lanes)
         : rows_in_flight(devices, 0)
         , pool(lanes) {}
     std::mutex mutex;
-    std::condition_variable changed;
     std::vector<std::int64_t> rows_in_flight; // per device
     policy_state_t<Policy> state;
-    detail::WorkerPool pool; // last: joined before the rest goes
+    std::vector<Progress*> waiting_for_room; // calls the policy told to wait
+    detail::WorkerPool pool;                 // last: joined before the rest goes
   };
 
-  // One call's chunks in flight and failures (guarded by Engine::mutex).
-  struct Progress {
-    std::size_t in_flight = 0;
-    std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
-  };
-
+  // The calling thread dispatches what the policy allows, then sleeps until the call is
+  // done: a worker that completes a chunk dispatches the next ones itself, so nobody is
+  // woken per chunk.
   std::vector<at::Tensor> dispatch_async(Operation op, detail::BoundCall& call,
                                          std::vector<at::Tensor> targets) const {
-    const auto batch = call.batch;
-    if (batch == 0)
+    if (call.batch == 0)
       return detail::Gatherer(call, session().dtype(), false, std::move(targets)).finish();
     auto& engine = *_engine;
-    std::optional<detail::Gatherer> results; // made for the first chunk that is not direct
+    Progress progress(op, call, std::move(targets));
     std::vector<at::Tensor> direct;
-    Progress progress;
     std::unique_lock lock(engine.mutex);
-    std::int64_t first = 0;
-    std::size_t index = 0;
+    if (const auto d = dispatch_ready(progress, /*may_run_here=*/true)) {
+      lock.unlock(); // one chunk in place: no pool, no copy
+      complete(*d, 0, call.batch, 0, progress,
+               [&] { direct = run_direct(op, call, *d, progress.targets); });
+      lock.lock();
+    }
+    progress.finished.wait(lock, [&] { return progress.done(); });
+    std::erase(engine.waiting_for_room, &progress);
+    lock.unlock();
+    rethrow(progress.errors);
+    return progress.results ? std::move(*progress.results).finish() : std::move(direct);
+  }
+
+  // Dispatches the chunks the policy allows now (Engine::mutex held; any thread). Returns
+  // the device when the whole batch may run in place on the calling thread instead.
+  std::optional<std::size_t> dispatch_ready(Progress& p, bool may_run_here) const {
+    auto& engine = *_engine;
+    const auto batch = p.call.batch;
     try {
-      while (first < batch && progress.errors.empty()) {
+      while (p.first < batch && p.errors.empty()) {
         const auto choice = _policy.next_chunk(std::span<const std::int64_t>(engine.rows_in_flight),
-                                               batch - first, engine.state);
+                                               batch - p.first, engine.state);
         if (!choice) {
           if (std::all_of(engine.rows_in_flight.begin(), engine.rows_in_flight.end(),
                           [](std::int64_t r) { return r == 0; }))
             throw FatalError("the dispatch policy's next_chunk() gave no chunk while every "
                              "device was idle (" +
-                             std::to_string(batch - first) + " of " + std::to_string(batch) +
+                             std::to_string(batch - p.first) + " of " + std::to_string(batch) +
                              " rows left); return a ChunkChoice when a device has room, and "
                              "nullopt only to wait for a chunk in flight");
-          engine.changed.wait(lock);
-          continue;
+          if (std::find(engine.waiting_for_room.begin(), engine.waiting_for_room.end(), &p) ==
+              engine.waiting_for_room.end())
+            engine.waiting_for_room.push_back(&p);
+          return std::nullopt;
         }
-        check(*choice, batch - first);
+        check(*choice, batch - p.first);
         const auto [d, n] = *choice;
         _policy.on_dispatched(d, n, engine.state);
         engine.rows_in_flight[d] += n;
-        ++progress.in_flight;
-        if (n == batch && call.device == _compute[d]) { // one chunk in place: no pool, no copy
-          lock.unlock();
-          complete(d, 0, n, 0, progress, [&] { direct = run_direct(op, call, d, targets); });
-          lock.lock();
-        } else
-          try {
-            if (!results)
-              results.emplace(call, session().dtype(), /*concurrent=*/true, std::move(targets));
-            engine.pool.submit(
-                d, [this, op, &call, &gather = *results, &progress, d, n, first, index] {
-                  complete(d, first, n, index, progress,
-                           [&] { run_chunk(op, call, gather, d, first, n, index); });
-                });
-          } catch (...) { // not queued: it will never complete
-            engine.rows_in_flight[d] -= n;
-            --progress.in_flight;
-            throw;
-          }
-        first += n;
-        ++index;
+        ++p.in_flight;
+        const auto first = p.first;
+        const auto index = p.index++;
+        p.first += n;
+        if (may_run_here && n == batch && p.call.device == _compute[d])
+          return d;
+        try {
+          if (!p.results)
+            p.results.emplace(p.call, session().dtype(), /*concurrent=*/true, std::move(p.targets));
+          engine.pool.submit(d, [this, &p, d, n, first, index] {
+            complete(d, first, n, index, p,
+                     [&] { run_chunk(p.op, p.call, *p.results, d, first, n, index); });
+          });
+        } catch (...) { // not queued: it will never complete
+          engine.rows_in_flight[d] -= n;
+          --p.in_flight;
+          throw;
+        }
       }
     } catch (...) {
-      progress.errors.emplace_back(
-          index, detail::as_library_error(std::current_exception(), "neml2::DispatchedModel"));
+      p.errors.emplace_back(
+          p.index, detail::as_library_error(std::current_exception(), "neml2::DispatchedModel"));
     }
-    engine.changed.wait(lock, [&] { return progress.in_flight == 0; });
-    lock.unlock();
-    rethrow(progress.errors);
-    return results ? std::move(*results).finish() : std::move(direct);
+    return std::nullopt;
   }
 
-  // Runs a chunk, then books its completion: loads, the policy, the observer, the call.
+  // Runs a chunk, then books its completion (loads, the policy, the observer, the call)
+  // and dispatches what the freed room allows, for its call and for calls waiting for room.
   template <class Run>
   void complete(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index,
                 Progress& progress, Run&& run) const {
@@ -448,22 +477,28 @@ private:
     }
     const auto seconds = seconds_since(start);
     auto& engine = *_engine;
-    {
-      std::lock_guard lock(engine.mutex);
-      engine.rows_in_flight[d] -= rows;
-      try {
-        _policy.on_completed(d, rows, seconds, engine.state);
-        if (_observer)
-          _observer(event(index, d, first, rows, seconds));
-      } catch (...) {
-        if (!error)
-          error = detail::as_library_error(std::current_exception(), "after a chunk completed");
-      }
-      if (error)
-        progress.errors.emplace_back(index, error);
-      --progress.in_flight;
+    std::lock_guard lock(engine.mutex);
+    engine.rows_in_flight[d] -= rows;
+    try {
+      _policy.on_completed(d, rows, seconds, engine.state);
+      if (_observer)
+        _observer(event(index, d, first, rows, seconds));
+    } catch (...) {
+      if (!error)
+        error = detail::as_library_error(std::current_exception(), "after a chunk completed");
     }
-    engine.changed.notify_all();
+    if (error)
+      progress.errors.emplace_back(index, error);
+    --progress.in_flight;
+    // Notified under the lock: a finished call's Progress goes as soon as it is released.
+    dispatch_ready(progress, false);
+    if (progress.done())
+      progress.finished.notify_one();
+    for (auto* other : std::exchange(engine.waiting_for_room, {})) {
+      dispatch_ready(*other, false);
+      if (other->done())
+        other->finished.notify_one();
+    }
   }
 
   void check(const ChunkChoice& choice, std::int64_t remaining) const {
