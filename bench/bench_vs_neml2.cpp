@@ -19,10 +19,10 @@ std::map<std::string, at::Tensor> inputs(std::int64_t batch) {
 }
 
 void neml2_runtime(benchmark::State& state) {
-  auto model =
-      neml2::aoti::load_model(stub, "elasticity",
-                              std::make_shared<neml2::aoti::SimpleScheduler>(
-                                  neml2::aoti::SimpleScheduler::Config{"cpu", state.range(1)}));
+  auto model = neml2::aoti::load_model(
+      stub, "elasticity",
+      std::make_shared<neml2::aoti::SimpleScheduler>(
+          neml2::aoti::SimpleScheduler::Config{"cpu", static_cast<std::size_t>(state.range(1))}));
   const auto x = inputs(state.range(0));
   for (auto _ : state)
     benchmark::DoNotOptimize(model.forward(x));

@@ -407,7 +407,29 @@ private:
     std::erase(engine.waiting_for_room, &progress);
     lock.unlock();
     rethrow(progress.errors);
-    return progress.results ? std::move(*progress.results).finish() : std::move(direct);
+    if (!progress.results)
+      return direct;
+    auto results = std::move(*progress.results).finish();
+    settle_on_this_stream(call, results);
+    return results;
+  }
+
+  // Shared blocks and sums of chunks on an accelerator were made on workers' streams: take
+  // the shared ones onto this thread's stream and wait, so that no block of a worker's
+  // stream is reused while this stream still reads it.
+  void settle_on_this_stream(const detail::BoundCall& call,
+                             std::vector<at::Tensor>& results) const {
+    bool waited = false;
+    for (std::size_t i = 0; i < results.size(); ++i) {
+      const auto gather = call.slots()[i].gather;
+      if (gather == detail::Gather::rows || !results[i].defined() || results[i].is_cpu())
+        continue;
+      if (gather == detail::Gather::shared)
+        results[i] = results[i].clone();
+      if (!waited)
+        detail::synchronize_current_stream(results[i].device());
+      waited = true;
+    }
   }
 
   // Dispatches the chunks the policy allows now (Engine::mutex held; any thread). Returns
