@@ -21,7 +21,8 @@ log="$build/bench_mpi.txt"
 # model stub, model name, batch, chunk, repeats per run
 cases=("$artifacts/elasticity_forward/elasticity_aoti.i elasticity 262144 16384 40"
        "$artifacts/elasticity_forward/elasticity_aoti.i elasticity 1048576 16384 20"
-       "$artifacts/perzyna/perzyna_aoti.i perzyna 262144 16384 20")
+       "$artifacts/perzyna/perzyna_aoti.i perzyna 262144 16384 20"
+       "$artifacts/j2_radial_return/model_aoti.i model 65536 16384 10")
 for round in $(seq "$rounds"); do
   for c in "${cases[@]}"; do
     read -r stub model batch chunk repeats <<<"$c"
