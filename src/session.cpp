@@ -763,7 +763,10 @@ detail::Destinations Session::destinations(Operation op, const TensorMap& values
   if (op == Operation::jacobian)
     for (const auto& b : m.jacobian_blocks)
       pairs.emplace_back(m.output_names[b.out], m.input_names[b.in]);
-  if (op == Operation::param_jacobian) {
+  if (op == Operation::param_jacobian && m.chain)
+    for (const auto& [o, p] : m.chain->param_jacobian_blocks())
+      pairs.emplace_back(m.output_names[o], m.artifact->parameters[p].public_name);
+  else if (op == Operation::param_jacobian) {
     std::map<std::string, std::string> public_param;
     for (const auto& p : m.artifact->parameters)
       public_param[p.name] = p.public_name;

@@ -209,3 +209,30 @@ TEST_CASE("a prepared call: names bound once, tensors in order, the same results
       contains(test::fatal_message([&] { call.forward_into(eight, std::vector<at::Tensor>{one}); }),
                "1 output tensors given, but the model has 3 outputs"));
 }
+
+TEST_CASE("into the caller's tensors through a composed (implicit) model") {
+  auto m = load_model(test::stub("scalar_backward_euler_params", "model"), "model",
+                      SyncChunking{.batch_size = 2});
+  const auto rows = std::int64_t{5};
+  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
+  const TensorMap in = {{"a", at::linspace(0.3, 2.0, rows, at::kDouble)},
+                        {"x", filled(0.5)},
+                        {"x~1", filled(0.5)},
+                        {"t", filled(0.1)},
+                        {"t~1", filled(0.0)}};
+  const auto [out, J] = m.jacobian(in);
+  auto out_into = like(out);
+  auto J_into = like(J);
+  m.jacobian_into(in, out_into, J_into);
+  CHECK(test::identical(out_into, out));
+  for (const auto& [o, row] : J)
+    CHECK(test::identical(J_into.at(o), row));
+  const auto [values, P] = m.param_jacobian(in);
+  REQUIRE_FALSE(P.empty());
+  auto values_into = like(values);
+  auto P_into = like(P);
+  m.param_jacobian_into(in, values_into, P_into);
+  CHECK(test::identical(values_into, values));
+  for (const auto& [o, row] : P)
+    CHECK(test::identical(P_into.at(o), row));
+}
