@@ -43,6 +43,10 @@ def main() -> int:
         if queued:
             print(f"  with capacity for two chunks per device {queued:.2f}: throughput against "
                   f"their sum {summed / queued:.3f}")
+        into, sync_into = t.get(("greedy_into", batch, chunk)), t.get(("sync_cpu_into", batch, chunk))
+        if into and sync_into:
+            print(f"  into an output allocated once: greedy {into:.2f}, SyncChunking "
+                  f"{sync_into:.2f}: throughput ratio {sync_into / into:.3f}")
         peer = t.get(("neml2_hybrid", batch, chunk))
         if peer:
             print(f"  NEML2 StaticHybridScheduler {peer:.2f}: time ratio greedy/NEML2 "
