@@ -32,10 +32,6 @@ struct Graph {
   explicit operator bool() const { return loader != nullptr; }
 };
 
-std::string shape_text(c10::IntArrayRef shape) {
-  return fmt::format("[{}]", fmt::join(shape, ", "));
-}
-
 Shape concat(std::initializer_list<const Shape*> parts) {
   Shape s;
   for (const auto* p : parts)
@@ -427,7 +423,7 @@ struct Session::Impl::Binder {
         !std::equal(trailing.begin(), trailing.end(), sizes.end() - rank))
       throw FatalError(fmt::format("{} '{}' has shape {}; expected {}: one leading batch axis "
                                    "(flatten several with reshape) or none",
-                                   what, name, shape_text(sizes), expected()));
+                                   what, name, detail::shape_text(sizes), expected()));
     if (!batched)
       t = t.unsqueeze(0);
     else if (t.size(0) != 1)
@@ -872,10 +868,11 @@ void Session::set_parameter(const std::string& name, const at::Tensor& value) {
   const auto rank = static_cast<std::int64_t>(base.size());
   if (!value.defined() || (value.dim() != rank && value.dim() != rank + 1) ||
       !std::equal(base.begin(), base.end(), value.sizes().end() - rank))
-    throw FatalError(fmt::format("set_parameter: '{}' takes shape ({}) or batched (B, {}); "
-                                 "got {}",
-                                 name, fmt::join(base, ", "), fmt::join(base, ", "),
-                                 value.defined() ? shape_text(value.sizes()) : "undefined"));
+    throw FatalError(
+        fmt::format("set_parameter: '{}' takes shape ({}) or batched (B, {}); "
+                    "got {}",
+                    name, fmt::join(base, ", "), fmt::join(base, ", "),
+                    value.defined() ? detail::shape_text(value.sizes()) : "undefined"));
   auto& stored = m.parameters[name];
   stored = detail::translate_foreign_errors("set_parameter", [&] {
     return value.detach().to(m.torch_device, stored.scalar_type(), false, /*copy=*/true);

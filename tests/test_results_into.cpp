@@ -34,6 +34,18 @@ VariablePairJacobian like(const VariablePairJacobian& blocks) {
   return out;
 }
 
+// An operation's values and blocks against the same written into strided tensors by
+// `into(values, blocks)`.
+template <class Into>
+void check_blocks_into(const TensorMap& values, const VariablePairJacobian& blocks, Into&& into) {
+  auto values_into = like(values);
+  auto blocks_into = like(blocks);
+  into(values_into, blocks_into);
+  CHECK(test::identical(values_into, values));
+  for (const auto& [o, row] : blocks)
+    CHECK(test::identical(blocks_into.at(o), row));
+}
+
 // Every operation into strided tensors, twice (the second call on other inputs into the
 // same tensors), against the allocating calls.
 template <class Model>
@@ -63,20 +75,10 @@ void check_every_operation(const Model& m, const test::Reference& ref) {
 
     for (const TensorMap* x : {&in, &other}) {
       const auto [out, J] = m.jacobian(*x);
-      auto out_into = like(out);
-      auto J_into = like(J);
-      m.jacobian_into(*x, out_into, J_into);
-      CHECK(test::identical(out_into, out));
-      for (const auto& [o, row] : J)
-        CHECK(test::identical(J_into.at(o), row));
+      check_blocks_into(out, J, [&](auto& v, auto& b) { m.jacobian_into(*x, v, b); });
     }
     const auto [out, P] = m.param_jacobian(in);
-    auto out_into = like(out);
-    auto P_into = like(P);
-    m.param_jacobian_into(in, out_into, P_into);
-    CHECK(test::identical(out_into, out));
-    for (const auto& [o, row] : P)
-      CHECK(test::identical(P_into.at(o), row));
+    check_blocks_into(out, P, [&](auto& v, auto& b) { m.param_jacobian_into(in, v, b); });
 
     auto grads = like(m.param_vjp(in, cotangents));
     m.param_vjp_into(in, cotangents, grads);
@@ -221,18 +223,8 @@ TEST_CASE("into the caller's tensors through a composed (implicit) model") {
                         {"t", filled(0.1)},
                         {"t~1", filled(0.0)}};
   const auto [out, J] = m.jacobian(in);
-  auto out_into = like(out);
-  auto J_into = like(J);
-  m.jacobian_into(in, out_into, J_into);
-  CHECK(test::identical(out_into, out));
-  for (const auto& [o, row] : J)
-    CHECK(test::identical(J_into.at(o), row));
+  check_blocks_into(out, J, [&](auto& v, auto& b) { m.jacobian_into(in, v, b); });
   const auto [values, P] = m.param_jacobian(in);
   REQUIRE_FALSE(P.empty());
-  auto values_into = like(values);
-  auto P_into = like(P);
-  m.param_jacobian_into(in, values_into, P_into);
-  CHECK(test::identical(values_into, values));
-  for (const auto& [o, row] : P)
-    CHECK(test::identical(P_into.at(o), row));
+  check_blocks_into(values, P, [&](auto& v, auto& b) { m.param_jacobian_into(in, v, b); });
 }

@@ -153,6 +153,8 @@ public:
       , _into(!_results.empty())
       , _concurrent(concurrent)
       , _shared_taken(call.slots().size(), false) {
+    for (const auto& slot : call.slots())
+      _sums_or_shared = _sums_or_shared || slot.gather != Gather::rows;
     if (_into) {
       for (std::size_t i = 0; i < _results.size(); ++i)
         if (call.slots()[i].gather == Gather::sum && call.batch == 0)
@@ -178,7 +180,7 @@ public:
     for (std::size_t i = 0; i < _results.size(); ++i)
       if (_call.slots()[i].gather == Gather::rows)
         _results[i].narrow(0, first, rows).copy_(chunk[i]);
-    if (_sums_or_shared()) {
+    if (_sums_or_shared) {
       auto lock = _lock();
       for (std::size_t i = 0; i < _results.size(); ++i)
         if (_call.slots()[i].gather == Gather::shared && !_shared_taken[i]) {
@@ -230,21 +232,16 @@ public:
   }
 
 private:
-  [[nodiscard]] bool _sums_or_shared() const {
-    for (const auto& slot : _call.slots())
-      if (slot.gather != Gather::rows)
-        return true;
-    return false;
-  }
   [[nodiscard]] std::unique_lock<std::mutex> _lock() {
     return _concurrent ? std::unique_lock(_mutex) : std::unique_lock<std::mutex>();
   }
 
   const BoundCall& _call;
   std::vector<at::Tensor> _results;
-  bool _into;        // _results are the caller's tensors
-  bool _concurrent;  // chunks arrive from several threads
-  std::mutex _mutex; // shared and summed slots and the failed rows, when concurrent
+  bool _into;                   // _results are the caller's tensors
+  bool _concurrent;             // chunks arrive from several threads
+  bool _sums_or_shared = false; // a slot not gathered by rows: add() takes the lock
+  std::mutex _mutex;            // shared and summed slots and the failed rows, when concurrent
   std::vector<bool> _shared_taken;
   std::map<std::size_t, std::vector<at::Tensor>> _sums; // per chunk, in chunk order
   at::Tensor _converged;                                // (batch,) once a chunk failed
