@@ -57,12 +57,8 @@ std::string_view strip_comment(std::string_view line) {
   return line;
 }
 
-HitBlock parse_hit(const fs::path& file) {
-  std::ifstream in(file);
-  if (!in)
-    throw FatalError(fmt::format("cannot read the stub '{}': check the path (a stub is the "
-                                 "<name>_aoti.i file that neml2-compile writes)",
-                                 file.string()));
+HitBlock parse_hit(std::string_view text, const fs::path& file) {
+  std::istringstream in{std::string(text)};
   HitBlock root;
   std::vector<HitBlock*> open = {&root};
   std::string raw;
@@ -383,6 +379,16 @@ std::string list_leaves(const fs::path& root) {
   return leaves.empty() ? "none" : fmt::format("{}", fmt::join(leaves, ", "));
 }
 
+std::string read_text(const fs::path& file, const char* what) {
+  std::ifstream in(file, std::ios::binary);
+  std::ostringstream text;
+  if (!in || !(text << in.rdbuf()) || in.bad())
+    throw FatalError(fmt::format("cannot read {} '{}': check that it exists and that you may "
+                                 "read it",
+                                 what, file.string()));
+  return std::move(text).str();
+}
+
 } // namespace
 
 std::string dtype_folder(c10::ScalarType dtype) {
@@ -429,10 +435,16 @@ Artifact read_artifact(const fs::path& root) {
                     "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
                     "<device>/<dtype>/), or the <name>_aoti.i stub beside it",
                     root.string()));
-  std::ifstream in(file);
+  return detail::parse_metadata(read_text(file, "the metadata file"), root);
+}
+
+namespace detail {
+
+Artifact parse_metadata(std::string_view text, const fs::path& root) {
+  const auto file = root / "metadata.json";
   json meta;
   try {
-    meta = json::parse(in);
+    meta = json::parse(text);
   } catch (const json::exception& e) {
     throw FatalError(fmt::format("{}: malformed JSON ({}); regenerate the artifact with "
                                  "neml2-compile",
@@ -502,8 +514,9 @@ Artifact read_artifact(const fs::path& root) {
   return a;
 }
 
-fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model) {
-  const auto hit = parse_hit(stub);
+fs::path artifact_root_from_stub(std::string_view text, const fs::path& stub,
+                                 const std::string& model) {
+  const auto hit = parse_hit(text, stub);
   const auto* models = hit.child("Models");
   if (!models)
     throw FatalError(fmt::format("{}: no [Models] block; a stub written by neml2-compile has "
@@ -533,6 +546,13 @@ fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model)
                                  where));
   const fs::path target = path->second.first;
   return target.is_absolute() ? target : stub.parent_path() / target;
+}
+
+} // namespace detail
+
+fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model) {
+  return detail::artifact_root_from_stub(
+      read_text(stub, "the stub (the <name>_aoti.i file that neml2-compile writes)"), stub, model);
 }
 
 fs::path resolve_artifact_root(const fs::path& path, const std::string& model) {

@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
@@ -175,6 +176,15 @@ struct Artifact {
 /// A stub file -> the root it names for `model`; a folder is taken as the root itself.
 [[nodiscard]] std::filesystem::path resolve_artifact_root(const std::filesystem::path& path,
                                                           const std::string& model);
+
+namespace detail {
+/// read_artifact's parser over the text of a metadata.json (`root` names it in messages).
+[[nodiscard]] Artifact parse_metadata(std::string_view text, const std::filesystem::path& root);
+/// artifact_root_from_stub's parser over the text of a stub (`stub` names it in messages).
+[[nodiscard]] std::filesystem::path artifact_root_from_stub(std::string_view text,
+                                                            const std::filesystem::path& stub,
+                                                            const std::string& model);
+} // namespace detail
 
 /// "float64" <-> at::kDouble, as the artifact folders are named.
 [[nodiscard]] std::string dtype_folder(c10::ScalarType dtype);
