@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -57,6 +58,8 @@ std::string_view strip_comment(std::string_view line) {
   return line;
 }
 
+constexpr std::size_t max_hit_depth = 64;
+
 HitBlock parse_hit(std::string_view text, const fs::path& file) {
   std::istringstream in{std::string(text)};
   HitBlock root;
@@ -81,6 +84,12 @@ HitBlock parse_hit(std::string_view text, const fs::path& file) {
               fmt::format("{}: '{}' closes a section that was never opened", where, line));
         open.pop_back();
       } else {
+        // Blocks nest by recursion (and are destroyed so): a bound keeps a hostile file
+        // from overflowing the stack (300,000 nested blocks did, under ASan).
+        if (open.size() > max_hit_depth)
+          throw FatalError(fmt::format("{}: section [{}] is nested more than {} deep; a stub "
+                                       "written by neml2-compile nests 2 deep",
+                                       where, name, max_hit_depth));
         open.back()->children.push_back({name, line_no, {}, {}});
         open.push_back(&open.back()->children.back());
       }
@@ -127,9 +136,34 @@ struct JsonReader {
     return *it;
   }
 
+  // nlohmann converts a JSON number to an integer with a plain cast: 1e300 or 2^64 - 1
+  // read as std::int64_t is undefined behaviour (found by fuzz_metadata). An integer field
+  // must hold a JSON integer that fits.
+  template <class T>
+  void check_integers(const json& v, const std::string& field) const {
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (!v.is_number())
+        return; // nlohmann's own type error follows
+      if (!v.is_number_integer())
+        fail(field, fmt::format("{} is not an integer", v.dump()));
+      const bool fits =
+          v.is_number_unsigned()
+              ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
+              : v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
+                    v.get<std::int64_t>() <= std::numeric_limits<T>::max();
+      if (!fits)
+        fail(field, fmt::format("{} is out of range", v.dump()));
+    } else if constexpr (std::is_same_v<T, Shape>) {
+      if (v.is_array())
+        for (const auto& e : v)
+          check_integers<std::int64_t>(e, field);
+    }
+  }
+
   template <class T>
   T get(const json& j, const std::string& key, const std::string& field) const {
     const auto& v = at(j, key, field);
+    check_integers<T>(v, field + "." + key);
     try {
       return v.get<T>();
     } catch (const json::exception& e) {
@@ -478,7 +512,9 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
       p.dtype = dtype_from_name(r.get<std::string>(params[i], "dtype", field));
     std::int64_t numel = 1;
     for (auto s : p.shape)
-      numel *= s;
+      if (__builtin_mul_overflow(numel, s, &numel)) // signed overflow: found by fuzz_metadata
+        r.fail(field + ".shape",
+               fmt::format("[{}] has too many elements", fmt::join(p.shape, ", ")));
     if (numel != static_cast<std::int64_t>(p.values.size()))
       r.fail(field + ".values",
              fmt::format("{} values for shape [{}]", p.values.size(), fmt::join(p.shape, ", ")));

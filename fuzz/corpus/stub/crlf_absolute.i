@@ -1,0 +1,7 @@
+[Models]
+  [model]
+    type = AOTIModel
+    artifact_path = /abs/path
+    artifact_path = second
+  []
+[]

@@ -1,0 +1,5 @@
+[Models]
+  [./model]
+    type = AOTIModel
+    artifact_path = 'unterminated
+  [../]
