@@ -107,9 +107,13 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
 
   for (const auto& segment : artifact.segments) {
     if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
+      const auto takes = f->inputs.size() + f->param_inputs.size();
       _steps.emplace_back(ForwardStep{
-          f, load(f->package, "package"), load(f->jvp_package, "jvp_package"),
-          load(f->param_jacobian_package, "param_jacobian_package"), params_of(f->param_inputs)});
+          f, load(f->package, "package", takes, f->outputs.size()),
+          load(f->jvp_package, "jvp_package", takes, f->outputs.size() + f->jacobian_pairs.size()),
+          load(f->param_jacobian_package, "param_jacobian_package", takes,
+               f->param_jacobian_pairs.size()),
+          params_of(f->param_inputs)});
       _has_input_derivatives = _has_input_derivatives && !f->jvp_package.empty();
       _has_param_derivatives = _has_param_derivatives && !f->jvp_package.empty() &&
                                (f->param_inputs.empty() || !f->param_jacobian_package.empty());
@@ -119,16 +123,25 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     ImplicitStep step;
     step.segment = &s;
     step.params = params_of(s.param_inputs);
-    step.newton.residual = load(s.residual_package, "residual_package");
-    step.newton.jacobian = load(s.jacobian_package, "jacobian_package");
-    step.newton.solve = load(s.solve_package, "solve_package");
-    step.newton.a_blocks = s.residual_groups.size() * s.unknown_groups.size();
-    step.given_blocks = s.residual_groups.size() * s.given_groups.size();
-    step.predictor = load(s.predictor_package, "predictor_package");
-    step.jacobian_given = load(s.jacobian_given_package, "jacobian_given_package");
-    step.solve_ift = load(s.solve_ift_package, "solve_ift_package");
-    step.dr_dparam = load(s.dr_dparam_package, "dr_dparam_package");
-    step.solve_param = load(s.solve_param_package, "solve_param_package");
+    // Graph arity: unknown, given and residual groups, A's blocks (residual x unknown).
+    const auto unknowns = s.unknown_groups.size(), residuals = s.residual_groups.size();
+    const auto state = unknowns + s.given_groups.size() + s.param_inputs.size();
+    const auto a_blocks = residuals * unknowns;
+    step.newton.residual = load(s.residual_package, "residual_package", state, residuals);
+    step.newton.jacobian =
+        load(s.jacobian_package, "jacobian_package", state, a_blocks + residuals);
+    step.newton.solve = load(s.solve_package, "solve_package", a_blocks + residuals, unknowns);
+    step.newton.a_blocks = a_blocks;
+    step.given_blocks = residuals * s.given_groups.size();
+    step.predictor = load(s.predictor_package, "predictor_package", s.predictor_inputs.size(),
+                          s.predictor_outputs.size());
+    step.jacobian_given =
+        load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
+    step.solve_ift = load(s.solve_ift_package, "solve_ift_package", a_blocks + step.given_blocks,
+                          s.jacobian_pairs.size());
+    step.dr_dparam = load(s.dr_dparam_package, "dr_dparam_package", state, a_blocks + residuals);
+    step.solve_param = load(s.solve_param_package, "solve_param_package", a_blocks + residuals,
+                            s.param_jacobian_pairs.size());
     _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
     _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
                              (s.param_inputs.empty() || step.solve_param);

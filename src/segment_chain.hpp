@@ -20,8 +20,10 @@
 
 namespace neml2::detail {
 
-/// Loads one graph of the leaf folder by file name; an empty name gives an empty function.
-using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as)>;
+/// Loads one graph of the leaf folder by file name, checked to take `arguments` tensors and
+/// return `results`; an empty name gives an empty function.
+using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as,
+                                          std::size_t arguments, std::size_t results)>;
 
 class SegmentChain {
 public:
