@@ -64,6 +64,72 @@ std::string archive_name(const fs::path& file) {
   return name.substr(0, slash);
 }
 
+std::uint32_t crc32(const unsigned char* data, std::size_t size) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      auto c = i;
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < size; ++i)
+    c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+// Every record of the package against the CRC-32 its zip directory stores: the loader
+// does not check them, and a damaged shared library inside would run (SIGILL, SIGSEGV).
+void check_records(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto size = bytes.size();
+  const auto u16 = [&](std::size_t at) {
+    return at + 2 <= size ? std::uint32_t(data[at]) | std::uint32_t(data[at + 1]) << 8 : 0u;
+  };
+  const auto u32 = [&](std::size_t at) { return u16(at) | u16(at + 2) << 16; };
+  const auto damaged = [&](const std::string& why) { not_a_package(file, why); };
+  // The end-of-central-directory record: 22 bytes plus a comment of at most 64 KiB.
+  std::size_t end = std::string::npos;
+  for (std::size_t at = size >= 22 ? size - 22 : 0; size >= 22; --at) {
+    if (u32(at) == 0x06054b50u) {
+      end = at;
+      break;
+    }
+    if (at == 0 || size - at > 22 + 0xFFFF)
+      break;
+  }
+  if (end == std::string::npos)
+    damaged("no zip directory at its end: truncated");
+  const auto entries = u16(end + 10);
+  std::size_t at = u32(end + 16);
+  if (at == 0xFFFFFFFFu || entries == 0xFFFFu)
+    return; // zip64: larger than any graph neml2-compile writes; the loader reads it alone
+  for (std::uint32_t e = 0; e < entries; ++e) {
+    if (u32(at) != 0x02014b50u)
+      damaged(fmt::format("zip directory entry {} is damaged", e));
+    const auto method = u16(at + 10);
+    const auto crc = u32(at + 16);
+    const std::size_t stored = u32(at + 20);
+    const std::size_t local = u32(at + 42);
+    const auto name_length = u16(at + 28);
+    const std::string name(bytes, std::min(at + 46, size), name_length);
+    const auto next = at + 46 + name_length + u16(at + 30) + u16(at + 32);
+    if (u32(local) != 0x04034b50u)
+      damaged(fmt::format("record '{}' is damaged", name));
+    const auto begin = local + 30 + u16(local + 26) + u16(local + 28);
+    if (begin + stored > size)
+      damaged(fmt::format("record '{}' is cut short", name));
+    if (method == 0 && crc32(data + begin, stored) != crc)
+      damaged(fmt::format("record '{}' fails its CRC-32 check", name));
+    at = next;
+  }
+}
+
 // The generated wrapper's input checks, one `check_input_<i>` function per argument.
 std::vector<GraphInput> wrapper_inputs(const std::string& source) {
   static const std::regex function(R"(static void check_input_(\d+)\()");
@@ -123,6 +189,7 @@ std::string shape_of(const std::vector<std::int64_t>& sizes) {
 GraphSignature read_graph_signature(const fs::path& file) {
   GraphSignature s;
   s.archive_name = archive_name(file);
+  check_records(file);
   std::string source;
   try {
     caffe2::serialize::PyTorchStreamReader reader(file.string());

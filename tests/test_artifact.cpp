@@ -5,58 +5,13 @@
 #include <atomic>
 #include <fstream>
 
-#include "reference.hpp"
+#include "scratch.hpp"
 
 using namespace neml2;
 using test::contains;
+using test::metadata_rewriter;
+using test::Scratch;
 namespace fs = std::filesystem;
-
-namespace {
-
-// A scratch folder, removed at the end of the test.
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    static std::atomic<int> counter = 0;
-    dir = fs::temp_directory_path() /
-          ("neml2_dispatch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir);
-  }
-  ~Scratch() { fs::remove_all(dir); }
-
-  fs::path write(const std::string& name, const std::string& text) const {
-    const auto file = dir / name;
-    fs::create_directories(file.parent_path());
-    std::ofstream(file) << text;
-    return file;
-  }
-
-  // A copy of a compiled artifact root.
-  fs::path copy_root(const std::string& artifact, const std::string& model) const {
-    const auto to = dir / model;
-    fs::copy(test::artifacts() / artifact / model, to, fs::copy_options::recursive);
-    return to;
-  }
-};
-
-std::string read(const fs::path& file) {
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// Rewrites a copied root's metadata.json: one replacement at a time, from the original.
-auto metadata_rewriter(const fs::path& root) {
-  const auto meta = root / "metadata.json";
-  return [meta, original = read(meta)](const std::string& from, const std::string& to) {
-    auto text = original;
-    const auto at = text.find(from);
-    REQUIRE(at != std::string::npos);
-    text.replace(at, from.size(), to);
-    std::ofstream(meta) << text;
-  };
-}
-
-} // namespace
 
 TEST_CASE("a real artifact: variables, segment and graphs") {
   const auto root = resolve_artifact_root(test::stub("elasticity", "elasticity"), "elasticity");
