@@ -329,6 +329,10 @@ struct Session::Impl::Binder {
                       what, name, c10::toString(t.scalar_type()), m.leaf.string(),
                       c10::toString(dtype), c10::toString(dtype),
                       dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat : c10::kDouble)));
+    if (t.is_meta())
+      throw FatalError(fmt::format("{} '{}' is on meta, a device that holds no data: pass a "
+                                   "tensor with values, on cpu or an accelerator",
+                                   what, name));
     if (on_input_device) {
       if (required_device && t.device() != *required_device)
         throw FatalError(fmt::format("{} '{}' is on {}, but this session runs on {}: move it "
