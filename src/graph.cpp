@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstring>
 #include <fstream>
 #include <mutex>
 #include <regex>
@@ -326,6 +327,36 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
     if (!ok)
       fail(fmt::format("argument {} has shape {}, the graph takes {}", i,
                        t.defined() ? shape_text(t.sizes()) : "undefined", shape_of(in.sizes)));
+  }
+  if (rows == 1 && _min_rows > 1) {
+    // One row (a host's single point, an active set down to one row): the row repeated.
+    std::vector<at::Tensor> padded(args.size());
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (!_signature.inputs[i].batched()) {
+        padded[i] = args[i];
+        continue;
+      }
+      auto sizes = args[i].sizes().vec();
+      sizes[0] = _min_rows;
+      if (args[i].is_cpu()) { // the row copied by hand: a third of expand().contiguous()
+        padded[i] = at::empty(sizes, args[i].options());
+        const auto row = args[i].nbytes();
+        auto* to = static_cast<char*>(padded[i].data_ptr());
+        for (std::int64_t r = 0; r < _min_rows; ++r)
+          std::memcpy(to + r * row, args[i].const_data_ptr(), row);
+      } else
+        padded[i] = args[i].expand(sizes).contiguous();
+    }
+    auto results = run_checked(padded);
+    for (auto& r : results)
+      if (r.dim() > 0 && r.size(0) == _min_rows) {
+        // The graph's own fresh result, cut to its first row in place (strides kept):
+        // what narrow() gives without a dispatch.
+        auto sizes = r.sizes().vec();
+        sizes[0] = 1;
+        r.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, r.strides());
+      }
+    return results;
   }
   if (rows >= 0 && (rows < _min_rows || rows > _max_rows)) {
     // Outside the exported range: pad with copies of the last row, or split.
