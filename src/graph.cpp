@@ -194,12 +194,20 @@ GraphSignature read_graph_signature(const fs::path& file) {
   std::string source;
   try {
     caffe2::serialize::PyTorchStreamReader reader(file.string());
-    for (const auto& record : reader.getAllRecords())
-      if (record.ends_with("wrapper.cpp")) {
-        const auto [data, size] = reader.getRecord(record);
-        source.assign(static_cast<const char*>(data.get()), size);
-        break;
+    for (const auto& record : reader.getAllRecords()) {
+      if (!record.ends_with("wrapper.cpp") && !record.ends_with("wrapper_metadata.json"))
+        continue;
+      const auto [data, size] = reader.getRecord(record);
+      std::string text(static_cast<const char*>(data.get()), size);
+      if (record.ends_with("wrapper.cpp"))
+        source = std::move(text);
+      else {
+        static const std::regex key(R"re("AOTI_DEVICE_KEY":\s*"(\w+)")re");
+        std::smatch m;
+        if (std::regex_search(text, m, key))
+          s.device_type = m[1].str();
       }
+    }
   } catch (const std::exception& e) {
     not_a_package(file, first_lines(e.what()));
   }
@@ -233,6 +241,12 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
         "graph file '{}' (metadata.json {}) holds the graph '{}', not '{}': a file was copied "
         "or renamed over another; recompile the artifact with neml2-compile",
         _file, _listed_as, _signature.archive_name, file.stem().string()));
+  if (!_signature.device_type.empty() &&
+      _signature.device_type != c10::DeviceTypeName(device.type(), true))
+    throw FatalError(fmt::format("graph '{}' was compiled for {}, but it sits in the folder of "
+                                 "graphs for {}: recompile with neml2-compile --device {}",
+                                 _file, _signature.device_type, _device,
+                                 c10::DeviceTypeName(device.type(), true)));
   const auto expected = dtype_folder(dtype);
   for (std::size_t i = 0; i < _signature.inputs.size(); ++i) {
     const auto& found = _signature.inputs[i].dtype;

@@ -35,6 +35,7 @@ struct GraphInput {
 /// A package's signature, as read from the package itself.
 struct GraphSignature {
   std::string archive_name; ///< the folder every record sits in: the file stem it was written as
+  std::string device_type;  ///< what it was compiled for ("cpu", "cuda"); empty when unsaid
   std::size_t num_inputs = 0, num_outputs = 0;
   std::vector<GraphInput> inputs;
 };
