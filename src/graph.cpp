@@ -228,7 +228,8 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
              c10::ScalarType dtype, std::size_t runners, std::string listed_as)
     : _file((leaf / package).string())
     , _listed_as(std::move(listed_as))
-    , _device(device.str()) {
+    , _device(device.str())
+    , _torch_device(device) {
   const fs::path file = _file;
   std::error_code ec;
   if (!fs::is_regular_file(file, ec))
@@ -312,6 +313,24 @@ void Graph::expect(const std::vector<Shape>& argument_shapes, std::size_t result
       fail(fmt::format("argument {} is {} in the graph but {} in metadata.json", i,
                        shape_of(in.sizes), shape_of(declared)));
   }
+}
+
+void Graph::expect_results(std::vector<Result> results, c10::ScalarType dtype) {
+  if (results.size() != _signature.num_outputs)
+    fail(fmt::format("it returns {} results, metadata.json implies {}", _signature.num_outputs,
+                     results.size()));
+  _results = std::move(results);
+  _result_dtype = dtype;
+  // The probe: zeros of the shapes the graph takes, at its smallest batch.
+  std::vector<at::Tensor> zeros;
+  for (const auto& in : _signature.inputs) {
+    auto sizes = in.sizes;
+    for (auto& d : sizes)
+      d = d < 0 ? std::max<std::int64_t>(_min_rows, 1) : d;
+    const auto type = in.dtype.empty() ? dtype : dtype_from_name(in.dtype);
+    zeros.push_back(at::zeros(sizes, at::TensorOptions().dtype(type).device(_torch_device)));
+  }
+  static_cast<void>(run(zeros));
 }
 
 std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
@@ -427,6 +446,28 @@ std::vector<at::Tensor> Graph::run_checked(const std::vector<at::Tensor>& args) 
   if (results.size() != _signature.num_outputs)
     fail(fmt::format("it returned {} results, its signature says {}", results.size(),
                      _signature.num_outputs));
+  if (_results.empty())
+    return results;
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i < args.size(); ++i)
+    if (_signature.inputs[i].batched())
+      rows = args[i].size(0);
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    const auto& t = results[r];
+    const auto& expected = _results[r].trailing;
+    bool ok = t.defined() && t.scalar_type() == _result_dtype &&
+              t.dim() == static_cast<std::int64_t>(expected.size()) + 1 &&
+              (t.size(0) == rows || t.size(0) == 1);
+    for (std::size_t d = 0; ok && d < expected.size(); ++d) {
+      const auto size = t.size(static_cast<std::int64_t>(d) + 1);
+      ok = size == expected[d] || (_results[r].broadcast && size == 1);
+    }
+    if (!ok)
+      fail(fmt::format("result {} is {} {}, metadata.json implies {} (B, {})", r,
+                       t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                       t.defined() ? shape_text(t.sizes()) : "", c10::toString(_result_dtype),
+                       fmt::join(expected, ", ")));
+  }
   return results;
 }
 

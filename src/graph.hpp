@@ -66,6 +66,15 @@ public:
   /// The same for the counts only (when argument shapes are not known beforehand).
   void expect_counts(std::size_t arguments, std::size_t results) const;
 
+  /// What each result must be: `(rows or 1, *trailing)` in `dtype`; with `broadcast`,
+  /// trailing sizes of 1 are accepted too (Jacobian blocks that do not vary). Checked
+  /// now, on one probe call of zeros, and after every call.
+  struct Result {
+    Shape trailing;
+    bool broadcast = false;
+  };
+  void expect_results(std::vector<Result> results, c10::ScalarType dtype);
+
   /// Runs the graph on dense row-major `(rows, ...)` arguments (unbatched ones as the
   /// graph takes them). Checked against the signature; a call with fewer rows than the
   /// graph was exported for is padded with copies of its last row, one with more is split.
@@ -77,7 +86,10 @@ private:
 
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> _loader;
   std::string _file, _listed_as, _device;
+  c10::Device _torch_device = c10::kCPU;
   GraphSignature _signature;
+  std::vector<Result> _results; // empty: only their number is known
+  c10::ScalarType _result_dtype = c10::kDouble;
   std::int64_t _min_rows = 0, _max_rows = std::numeric_limits<std::int64_t>::max();
 };
 

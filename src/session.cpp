@@ -278,24 +278,37 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     arguments.push_back(m.input_trailing_shapes[i]);
   for (auto p : m.graph_params)
     arguments.push_back(a.parameters[p].base_shape);
+  using Result = Graph::Result;
+  std::vector<Result> outputs;
+  for (auto o : m.graph_outputs)
+    outputs.push_back({m.forward_slots[o].shape, false});
   const auto load = [&](const std::string& package, const char* listed_as,
-                        const std::vector<Shape>& takes, std::size_t results) {
+                        const std::vector<Shape>& takes, std::vector<Result> results) {
     if (package.empty())
       return Graph{};
     Graph graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
-    graph.expect(takes, results);
+    graph.expect(takes, results.size());
+    graph.expect_results(std::move(results), dtype);
     return graph;
   };
-  m.value_graph = load(seg.package, "package", arguments, seg.outputs.size());
-  m.jvp_graph = load(seg.jvp_package, "jvp_package", arguments,
-                     seg.outputs.size() + seg.jacobian_pairs.size());
-  m.param_jacobian_graph = load(seg.param_jacobian_package, "param_jacobian_package", arguments,
-                                seg.param_jacobian_pairs.size());
+  m.value_graph = load(seg.package, "package", arguments, outputs);
+  auto jvp_results = outputs;
+  for (const auto& p : seg.jacobian_pairs) // blocks that do not vary come back with size 1
+    jvp_results.push_back(
+        {concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape}), true});
+  m.jvp_graph = load(seg.jvp_package, "jvp_package", arguments, jvp_results);
+  std::vector<Result> param_blocks;
+  for (const auto& p : seg.param_jacobian_pairs)
+    param_blocks.push_back({concat({&p.out_base_shape, &p.param_base_shape}), true});
+  m.param_jacobian_graph =
+      load(seg.param_jacobian_package, "param_jacobian_package", arguments, param_blocks);
   auto vjp_arguments = arguments;
   for (auto o : m.vjp_cotangents)
     vjp_arguments.push_back(m.forward_slots[o].shape);
-  m.param_vjp_graph =
-      load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, seg.param_vjp_params.size());
+  std::vector<Result> gradients;
+  for (auto p : m.vjp_params)
+    gradients.push_back({a.parameters[p].base_shape, false});
+  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, gradients);
 }
 
 Session::~Session() = default;

@@ -179,6 +179,11 @@ TEST_CASE("metadata.json that disagrees with the graphs or with itself") {
   load_fails("has more than 16777216 values");
   rewrite("\"base_shape\": [\n        6\n      ]", "\"base_shape\": [1e300]");
   load_fails("field 'inputs[0].base_shape'");
+  // Results are checked too: on a probe call at load, and after every call.
+  rewrite("\"name\": \"stress\",\n      \"var_size\": 6,\n      \"var_type\": \"SR2\",\n      "
+          "\"base_shape\": [\n        6\n      ]",
+          "\"name\": \"stress\", \"var_size\": 9, \"var_type\": \"R2\", \"base_shape\": [3, 3]");
+  load_fails("result 0 is Double [2, 6], metadata.json implies Double (B, 3, 3)");
   rewrite("\"out_var\": \"stress\"", "\"out_var\": \"strain\"");
   load_fails("the segment names output 'strain', which is not declared at the top level");
   rewrite("\"name\": \"strain\"", "\"name\": \"strainn\"");
