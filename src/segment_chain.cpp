@@ -42,6 +42,65 @@ void accumulate(std::vector<at::Tensor>& target, const at::Tensor& block,
   }
 }
 
+// Where each variable sits in its packed group.
+std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& groups,
+                                         const std::vector<ImplicitVariable>& variables) {
+  std::map<std::string, std::int64_t> sizes;
+  for (const auto& v : variables)
+    sizes[v.name] = v.var_size;
+  std::map<std::string, GroupSlice> found;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::int64_t offset = 0;
+    for (const auto& n : groups[g].names) {
+      const auto size = sizes.count(n) ? sizes.at(n) : 1;
+      found[n] = {g, offset, size};
+      offset += size;
+    }
+  }
+  return found;
+}
+
+// The givens' substepping roles (metadata.json `role` and `pair`) as slices of the packed
+// groups. Roles are the compiler's: a force listed in incremental_variables already has
+// its `~1` partner and the cur_force / old_force roles.
+SubstepPlan substep_plan(const ImplicitSegment& seg, const std::filesystem::path& root) {
+  SubstepPlan plan;
+  plan.max_level = seg.max_substepping_level;
+  if (plan.max_level <= 0)
+    return plan;
+  if (plan.max_level > 30)
+    throw FatalError(fmt::format("{}/metadata.json: max_substepping_level = {} asks for 2^{} "
+                                 "substeps; at most 30 levels are supported: lower it on the "
+                                 "ImplicitUpdate and recompile",
+                                 root.string(), plan.max_level, plan.max_level));
+  const auto given = slices(seg.given_groups, seg.givens);
+  const auto unknown = slices(seg.unknown_groups, seg.unknowns);
+  const auto inconsistent = [&](const ImplicitVariable& v, const std::string& why) {
+    return FatalError(fmt::format("{}/metadata.json: given '{}' has substepping role '{}' with "
+                                  "pair '{}', but {}; the artifact is inconsistent: recompile it "
+                                  "with neml2-compile",
+                                  root.string(), v.name, v.role, v.pair, why));
+  };
+  for (const auto& v : seg.givens) {
+    if (v.role == "cur_force") {
+      const auto old = given.find(v.pair);
+      if (old == given.end() || old->second.size != given.at(v.name).size)
+        throw inconsistent(v, "the pair is not a given of the same size");
+      plan.ramps.push_back({given.at(v.name), old->second});
+    } else if (v.role == "old_state") {
+      const auto u = unknown.find(v.pair);
+      if (u == unknown.end() || u->second.size != given.at(v.name).size)
+        throw inconsistent(v, "the pair is not an unknown of the same size");
+      plan.chains.push_back({given.at(v.name), u->second});
+    } else if (v.role != "static" && v.role != "old_force" && v.role != "unknown")
+      throw FatalError(fmt::format("{}/metadata.json: given '{}' has substepping role '{}'; "
+                                   "known roles are static, old_state, cur_force and old_force "
+                                   "(recompile with neml2-compile 3.1)",
+                                   root.string(), v.name, v.role));
+  }
+  return plan;
+}
+
 } // namespace
 
 struct SegmentChain::State {
@@ -124,6 +183,7 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     step.newton.solve = load(s.solve_package, "solve_package");
     step.newton.a_blocks = s.residual_groups.size() * s.unknown_groups.size();
     step.given_blocks = s.residual_groups.size() * s.given_groups.size();
+    step.substeps = substep_plan(s, artifact.root);
     step.predictor = load(s.predictor_package, "predictor_package");
     step.jacobian_given = load(s.jacobian_given_package, "jacobian_given_package");
     step.solve_ift = load(s.solve_ift_package, "solve_ift_package");
@@ -178,10 +238,12 @@ void SegmentChain::set_solver_config(const SolverConfig& config) {
   if (config.ls_max_iters < 1)
     fail("ls_max_iters",
          fmt::format("is {}; it must be >= 1 (1 = no line search)", config.ls_max_iters));
-  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
-    fail("ls_type", fmt::format("is '{}': only BACKTRACKING line search runs here (a strong "
-                                "Wolfe search is not supported yet)",
+  if (config.ls_type != "BACKTRACKING" && config.ls_type != "STRONG_WOLFE")
+    fail("ls_type", fmt::format("is '{}'; it must be BACKTRACKING or STRONG_WOLFE (NEML2's "
+                                "linesearch_type)",
                                 config.ls_type));
+  if (!(config.substep_del_tol >= 0))
+    fail("substep_del_tol", fmt::format("is {}; it must be >= 0", config.substep_del_tol));
   if (config.ls_max_iters > 1 && !(config.ls_cutback > 1))
     fail("ls_cutback", fmt::format("is {}; it must be > 1", config.ls_cutback));
   if (config.solver_kind != "direct")
@@ -282,7 +344,37 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     params.push_back(chunk.params[p].select(0, 0));
 
   const auto givens = pack(seg.given_groups, {});
-  auto solved = newton_solve(step.newton, pack(seg.unknown_groups, guess), givens, params, _config);
+  // d(u)/d(givens) at a solution, dense over the flattened groups: what substepped rows
+  // chain through their substeps.
+  DerivativeFn du_dg;
+  if (state.track && step.substeps.max_level > 0)
+    du_dg = [&](const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& g) {
+      std::vector<at::Tensor> args = u;
+      args.insert(args.end(), g.begin(), g.end());
+      args.insert(args.end(), params.begin(), params.end());
+      auto ops = step.newton.jacobian(args);
+      ops.resize(step.newton.a_blocks);
+      const auto b_blocks = step.jacobian_given(args);
+      ops.insert(ops.end(), b_blocks.begin(), b_blocks.end());
+      const auto blocks = step.solve_ift(ops);
+      std::int64_t n_u = 0, n_g = 0;
+      for (const auto& t : u)
+        n_u += t.size(1);
+      for (const auto& t : g)
+        n_g += t.size(1);
+      const auto rows = u.front().size(0);
+      auto dense = at::zeros({rows, n_u, n_g}, u.front().options());
+      for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+        const auto& pair = seg.jacobian_pairs[k];
+        const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+        dense.narrow(1, pair.row_offset, nu)
+            .narrow(2, pair.col_offset, ng)
+            .copy_(blocks[k].reshape({rows, nu, ng}));
+      }
+      return dense;
+    };
+  auto solved = solve_with_substeps(step.newton, pack(seg.unknown_groups, guess), givens, params,
+                                    _config, step.substeps, du_dg);
 
   // Unpack the unknowns into the state.
   std::map<std::string, const ImplicitVariable*> unknown_spec;
@@ -313,7 +405,25 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   operators.resize(step.newton.a_blocks);
   auto b_blocks = step.jacobian_given(args);
   operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
-  const auto pairs = step.solve_ift(operators);
+  auto pairs = step.solve_ift(operators);
+  if (solved.substepped.defined()) {
+    // Rows solved in substeps: their derivatives chained through the substeps.
+    for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+      const auto& pair = seg.jacobian_pairs[k];
+      const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+      pairs[k] = pairs[k]
+                     .reshape({state.rows, nu, ng})
+                     .index_copy(0, solved.substepped,
+                                 solved.substepped_du_dg.narrow(1, pair.row_offset, nu)
+                                     .narrow(2, pair.col_offset, ng));
+    }
+    if (state.params && step.solve_param)
+      throw FatalError(fmt::format(
+          "{}: param_jacobian(): {} row(s) converged only in substeps, and parameter "
+          "derivatives through substeps are not supported yet; call param_jacobian() with a "
+          "step those rows converge in, or compile the model with max_substepping_level = 0",
+          _artifact.root.string(), solved.substepped.numel()));
+  }
   const auto n_columns = state.columns;
   std::map<std::string, std::vector<at::Tensor>> derivatives;
   if (state.params && step.solve_param) {

@@ -66,6 +66,7 @@ private:
     GraphFn predictor, jacobian_given, solve_ift, dr_dparam, solve_param;
     std::vector<std::size_t> params;
     std::size_t given_blocks = 0; // residual groups x given groups
+    SubstepPlan substeps;
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;
   struct State;
