@@ -208,11 +208,13 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
     // convergence and prepares the next step.
     w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
     const auto norm = row_norm(w.jacobian, graphs.a_blocks);
+    const auto absolute = norm < config.atol;
     auto relative = norm < config.rtol * w.r0;
-    if (gate_relative) // the update itself must be small too
+    // The update must be small too (only asked of rows the relative test alone would pass).
+    if (gate_relative && (relative & ~absolute).any().item<bool>())
       relative =
           relative & (row_norm(du, 0) < config.substep_del_tol * (row_norm(w.u, 0) + config.atol));
-    const auto converged = (norm < config.atol) | relative;
+    const auto converged = absolute | relative;
     if (all_active) {
       w.norm = norm;
       w.converged = converged;
