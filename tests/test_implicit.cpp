@@ -667,3 +667,43 @@ TEST_CASE("line search: every trial point where NEML2's own Newton loop puts it"
     }
   }
 }
+
+TEST_CASE("substepping bisects recursively: after a deep left half, the right half is whole") {
+  // u^2 = q with q = 1 - 5 (f - f~1) while f~1 < 1/2 and 1 - (f - f~1) after (no root when
+  // q < 0), f ramped from f~1 = 0 to f = 1, down to depth 3: the start needs spans of 1/8,
+  // then [1/4, 1/2] fails and takes two more, and [1/2, 1] converges whole. A driver that
+  // went on in eighths would end with q = 7/8 instead of 1/2.
+  std::vector<std::pair<double, double>> spans; // (f~1, f) of every try, in order
+  neml2::detail::NewtonGraphs graphs;
+  const auto q = [](const at::Tensor& g) {
+    const auto f = g.select(1, 0), f_old = g.select(1, 1);
+    return 1 - at::where(f_old < 0.5, 5.0, 1.0) * (f - f_old);
+  };
+  graphs.residual = [&](const std::vector<at::Tensor>& args) {
+    return std::vector<at::Tensor>{
+        (q(args[1]) - args[0].squeeze(1) * args[0].squeeze(1)).unsqueeze(1)};
+  };
+  graphs.jacobian = [&](const std::vector<at::Tensor>& args) {
+    const std::pair span{args[1][0][1].item<double>(), args[1][0][0].item<double>()};
+    if (spans.empty() || spans.back() != span)
+      spans.push_back(span);
+    const auto& u = args[0];
+    return std::vector<at::Tensor>{(2 * u).reshape({-1, 1, 1}), q(args[1]).unsqueeze(1) - u * u};
+  };
+  graphs.solve = [](const std::vector<at::Tensor>& ops) {
+    return std::vector<at::Tensor>{ops[1] / ops[0].reshape({-1, 1})};
+  };
+  graphs.a_blocks = 1;
+  neml2::detail::SubstepPlan plan;
+  plan.max_level = 3;
+  plan.ramps.push_back({{0, 0, 1}, {0, 1, 1}});
+  const auto givens = at::tensor({1.0, 0.0}, at::kDouble).reshape({1, 2});
+  const auto result = neml2::detail::solve_with_substeps(graphs, {at::ones({1, 1}, at::kDouble)},
+                                                         {givens}, {}, SolverConfig{}, plan);
+  const std::vector<std::pair<double, double>> expected = {
+      {0, 1},      {0, 0.5},      {0, 0.25},    {0, 0.125}, {0.125, 0.25},
+      {0.25, 0.5}, {0.25, 0.375}, {0.375, 0.5}, {0.5, 1}};
+  CHECK(spans == expected);
+  REQUIRE(result.converged.item<bool>());
+  CHECK(std::abs(result.u[0].item<double>() - std::sqrt(0.5)) <= 1e-12);
+}
