@@ -214,6 +214,10 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
   _param_jacobian_blocks =
       positions(artifact.parameter_derivatives, param_index, "parameter_derivatives");
   _has_param_derivatives = _has_param_derivatives && !_param_jacobian_blocks.empty();
+  for (const auto& [o, p] : _param_jacobian_blocks)
+    if (std::find(_param_vjp_params.begin(), _param_vjp_params.end(), p) == _param_vjp_params.end())
+      _param_vjp_params.push_back(p);
+  std::sort(_param_vjp_params.begin(), _param_vjp_params.end());
 }
 
 bool SegmentChain::solves_with_parameter(std::size_t p) const {
@@ -460,13 +464,12 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
 }
 
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
-  if (op == Operation::param_vjp) // Session refuses it before a call gets here
-    throw FatalError("internal: param_vjp reached a segment chain");
   const auto n_inputs = _input_sizes.size();
   State state;
   state.rows = chunk.rows;
   state.track = op != Operation::forward;
-  state.params = op == Operation::param_jacobian;
+  // param_vjp: the parameter Jacobian, contracted with the cotangents at the end.
+  state.params = op == Operation::param_jacobian || op == Operation::param_vjp;
   state.columns = n_inputs + (state.params ? _artifact.parameters.size() : 0);
   for (std::size_t i = 0; i < n_inputs; ++i) {
     const auto& name = _artifact.inputs[i].name;
@@ -490,7 +493,26 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
   std::vector<at::Tensor> results;
   for (const auto& out : _artifact.outputs)
     results.push_back(state.value(out.name, "the model's outputs"));
-  if (op == Operation::param_jacobian) {
+  if (op == Operation::param_vjp) {
+    std::vector<at::Tensor> grads;
+    for (auto p : _param_vjp_params) {
+      const auto& param = _artifact.parameters[p];
+      at::Tensor grad = at::zeros({state.rows, numel(param.base_shape)}, results.front().options());
+      for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
+        const auto it = state.derivatives.find(_artifact.outputs[o].name);
+        const auto column = n_inputs + p;
+        if (it == state.derivatives.end() || it->second.size() <= column ||
+            !it->second[column].defined() || !chunk.extras[o].defined())
+          continue;
+        // (rows, 1, n_out) x (rows, n_out, n_param)
+        grad =
+            grad +
+            at::matmul(chunk.extras[o].reshape({state.rows, 1, -1}), it->second[column]).squeeze(1);
+      }
+      grads.push_back(grad.reshape(with_rows(state.rows, {&param.base_shape})));
+    }
+    results = std::move(grads);
+  } else if (op == Operation::param_jacobian) {
     for (const auto& [o, p] : _param_jacobian_blocks) {
       const auto& out = _artifact.outputs[o];
       const auto& param = _artifact.parameters[p];
@@ -532,6 +554,13 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
 
   if (state.converged.defined() && !state.converged.all().item<bool>()) {
     const auto failed = ~state.converged;
+    if (op == Operation::param_vjp) // a sum over rows: one that failed spoils it
+      throw ConvergenceError(fmt::format(
+          "{}: param_vjp(): Newton did not converge for {} of {} rows (iteration cap miters = "
+          "{}, or a residual that stopped being finite); worst residual norm {}. The gradient "
+          "sums over rows, so it is not returned: forward() tells which rows fail",
+          _artifact.root.string(), failed.sum().item<std::int64_t>(), state.rows, _config.miters,
+          state.worst_residual));
     for (auto& r : results) {
       auto mask_shape = Shape(static_cast<std::size_t>(r.dim()), 1);
       mask_shape[0] = state.rows;

@@ -29,7 +29,9 @@ public:
 
   /// forward: the outputs (master order); jacobian: the outputs, then one block
   /// `(rows, *out_base, *in_base)` per jacobian_blocks() entry; jvp: the outputs, then
-  /// their tangents. Throws the per-row ConvergenceError when some rows fail.
+  /// their tangents; param_vjp: per row, sum over outputs of cotangent . d(out)/d(param),
+  /// `(rows, *param_base)` per param_vjp_params() entry (the cotangents in chunk.extras, one
+  /// per output, undefined = zero). Throws the per-row ConvergenceError when some rows fail.
   [[nodiscard]] std::vector<at::Tensor> run(Operation op, ChunkArgs& chunk) const;
 
   /// Whether every segment carries its derivative graphs (jvp / jacobian_given + solve_ift).
@@ -45,6 +47,12 @@ public:
   [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>&
   param_jacobian_blocks() const noexcept {
     return _param_jacobian_blocks;
+  }
+
+  /// The parameters param_vjp returns gradients for (Artifact::parameters positions, in
+  /// order): those of param_jacobian_blocks(). Its cotangents are one per output.
+  [[nodiscard]] const std::vector<std::size_t>& param_vjp_params() const noexcept {
+    return _param_vjp_params;
   }
 
   /// Whether an implicit segment's graphs take parameter `p` (Artifact::parameters index):
@@ -77,6 +85,7 @@ private:
   const Artifact& _artifact;
   std::vector<Step> _steps;
   std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks, _param_jacobian_blocks;
+  std::vector<std::size_t> _param_vjp_params;
   std::map<std::string, std::size_t> _param_index;
   std::vector<std::int64_t> _input_sizes; // values per row of each input
   bool _has_input_derivatives = true;
