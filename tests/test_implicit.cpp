@@ -603,6 +603,14 @@ TEST_CASE("Jacobians of substepped rows: chained through the spans, against fini
   }
   // The initial guess moves nothing.
   CHECK(J.at("x").at("x").abs().max().item<double>() == 0);
+  // jvp: the same blocks, contracted.
+  TensorMap tangents;
+  auto expected = at::zeros_like(out.at("x"));
+  for (const auto& [name, value] : inputs) {
+    tangents.emplace(name, at::rand_like(value) - 0.5);
+    expected += J.at("x").at(name) * tangents.at(name);
+  }
+  test::check_close(s.jvp(inputs, tangents).second.at("x"), expected, "jvp", 1e-12);
 }
 
 TEST_CASE("line searches as eager NEML2's: which rows converge, and to which root") {
