@@ -277,7 +277,7 @@ struct Substeps {
   std::vector<at::Tensor> chained;    // per SubstepPlan::Chain: the old state
   at::Tensor pos, size, depth;        // int64
   at::Tensor done, dead, norm;        // converged through the step; failed at the bottom
-  at::Tensor du_dg;                   // d(u)/d(full givens) (rows, n_u, n_g), when tracked
+  at::Tensor du_dg;                   // d(u)/d(full givens, extra) (rows, n_u, n_g), tracked
   std::vector<at::Tensor> chained_dg; // per chain: d(old state)/d(full givens)
 };
 
@@ -286,7 +286,8 @@ struct Substeps {
 NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                                  const std::vector<at::Tensor>& givens,
                                  const std::vector<at::Tensor>& params, const SolverConfig& config,
-                                 const SubstepPlan& plan, const DerivativeFn& du_dg) {
+                                 const SubstepPlan& plan, const DerivativeFn& du_dg,
+                                 std::int64_t extra_columns) {
   if (plan.max_level <= 0)
     return newton_solve(graphs, std::move(u0), givens, params, config);
   const auto guesses = u0;
@@ -314,7 +315,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
   s.norm = result.norm.index_select(0, failed);
 
   const auto given_offsets = group_offsets(s.full);
-  const auto n_g = given_offsets.back();
+  const auto n_g = given_offsets.back() + extra_columns; // extra columns: static
   const auto unknown_offsets = group_offsets(s.u);
   const auto n_u = unknown_offsets.back();
   const bool track = static_cast<bool>(du_dg);

@@ -32,13 +32,14 @@ struct NewtonResult {
   double worst_residual = 0; ///< max ||r|| over rows that failed (NaN if one was not finite)
   std::int64_t iterations = 0;
   /// Rows that converged in substeps (indices into the batch; undefined when none) and,
-  /// when derivatives were asked for, d(u)/d(givens) of each through its substeps,
-  /// `(rows, n_u, n_g)` over the flattened unknown and given groups.
+  /// when derivatives were asked for, d(u)/d(givens, extra columns) of each through its
+  /// substeps, `(rows, n_u, n_g + extra)` (see DerivativeFn).
   at::Tensor substepped, substepped_du_dg;
 };
 
-/// d(u)/d(givens) at a solution of one step, `(B, n_u, n_g)` over the flattened unknown and
-/// given groups (the implicit function theorem, from the compiled graphs).
+/// d(u)/d(givens) at a solution of one step, `(B, n_u, n_g + extra)` over the flattened
+/// unknown and given groups (the implicit function theorem, from the compiled graphs), then
+/// any `extra` columns of quantities every span sees unchanged (the parameters).
 using DerivativeFn = std::function<at::Tensor(const std::vector<at::Tensor>& u,
                                               const std::vector<at::Tensor>& givens)>;
 
@@ -89,11 +90,10 @@ struct SubstepPlan {
 /// (apart from NEML2's gate on the relative criterion); rows still failing at the deepest
 /// level fail. With `du_dg`, the derivatives of substepped rows are chained through their
 /// substeps (interpolation weights, old states) into NewtonResult::substepped_du_dg.
-[[nodiscard]] NewtonResult solve_with_substeps(const NewtonGraphs& graphs,
-                                               std::vector<at::Tensor> u0,
-                                               const std::vector<at::Tensor>& givens,
-                                               const std::vector<at::Tensor>& params,
-                                               const SolverConfig& config, const SubstepPlan& plan,
-                                               const DerivativeFn& du_dg = {});
+[[nodiscard]] NewtonResult
+solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
+                    const std::vector<at::Tensor>& givens, const std::vector<at::Tensor>& params,
+                    const SolverConfig& config, const SubstepPlan& plan,
+                    const DerivativeFn& du_dg = {}, std::int64_t extra_columns = 0);
 
 } // namespace neml2::detail

@@ -348,8 +348,33 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     params.push_back(chunk.params[p].select(0, 0));
 
   const auto givens = pack(seg.given_groups, {});
-  // d(u)/d(givens) at a solution, dense over the flattened groups: what substepped rows
-  // chain through their substeps.
+  // d(u)/d(givens, parameters) at a solution, dense over the flattened groups and then the
+  // parameters (when their derivatives are asked for): what substepped rows chain through
+  // their substeps.
+  const bool param_columns = state.params && step.solve_param;
+  std::map<std::string, std::int64_t> unknown_column, param_column;
+  std::int64_t n_params = 0;
+  if (param_columns) {
+    std::vector<std::int64_t> widths;
+    for (const auto& g : seg.unknown_groups) {
+      std::int64_t w = 0;
+      for (const auto& n : g.names)
+        for (const auto& u : seg.unknowns)
+          if (u.name == n)
+            w += u.var_size;
+      widths.push_back(w);
+    }
+    for (const auto& [name, at] : slices(seg.unknown_groups, seg.unknowns)) {
+      std::int64_t before = 0;
+      for (std::size_t g = 0; g < at.group; ++g)
+        before += widths[g];
+      unknown_column[name] = before + at.offset;
+    }
+    for (auto p : step.params) {
+      param_column[_artifact.parameters[p].name] = n_params;
+      n_params += numel(_artifact.parameters[p].base_shape);
+    }
+  }
   DerivativeFn du_dg;
   if (state.track && step.substeps.max_level > 0)
     du_dg = [&](const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& g) {
@@ -367,7 +392,7 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
       for (const auto& t : g)
         n_g += t.size(1);
       const auto rows = u.front().size(0);
-      auto dense = at::zeros({rows, n_u, n_g}, u.front().options());
+      auto dense = at::zeros({rows, n_u, n_g + n_params}, u.front().options());
       for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
         const auto& pair = seg.jacobian_pairs[k];
         const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
@@ -375,10 +400,27 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
             .narrow(2, pair.col_offset, ng)
             .copy_(blocks[k].reshape({rows, nu, ng}));
       }
+      if (param_columns) { // du/dparam = -A^{-1} dr/dparam, the (unbatched) parameters per row
+        std::vector<at::Tensor> per_row = u;
+        per_row.insert(per_row.end(), g.begin(), g.end());
+        for (auto p : step.params) {
+          auto shape = chunk.params[p].sizes().vec();
+          shape[0] = rows;
+          per_row.push_back(chunk.params[p].narrow(0, 0, 1).expand(shape).contiguous());
+        }
+        const auto by_param = step.solve_param(step.dr_dparam(per_row));
+        for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
+          const auto& pair = seg.param_jacobian_pairs[k];
+          const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
+          dense.narrow(1, unknown_column.at(pair.out), nu)
+              .narrow(2, n_g + param_column.at(pair.param), np)
+              .copy_(by_param[k].reshape({rows, nu, np}));
+        }
+      }
       return dense;
     };
   auto solved = solve_with_substeps(step.newton, pack(seg.unknown_groups, guess), givens, params,
-                                    _config, step.substeps, du_dg);
+                                    _config, step.substeps, du_dg, n_params);
 
   // Unpack the unknowns into the state.
   std::map<std::string, const ImplicitVariable*> unknown_spec;
@@ -421,12 +463,6 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
                                  solved.substepped_du_dg.narrow(1, pair.row_offset, nu)
                                      .narrow(2, pair.col_offset, ng));
     }
-    if (state.params && step.solve_param)
-      throw FatalError(fmt::format(
-          "{}: param_jacobian(): {} row(s) converged only in substeps, and parameter "
-          "derivatives through substeps are not supported yet; call param_jacobian() with a "
-          "step those rows converge in, or compile the model with max_substepping_level = 0",
-          _artifact.root.string(), solved.substepped.numel()));
   }
   const auto n_columns = state.columns;
   std::map<std::string, std::vector<at::Tensor>> derivatives;
@@ -441,8 +477,15 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
       const auto& pair = seg.param_jacobian_pairs[k];
       auto& target = derivatives[pair.out];
       target.resize(n_columns);
-      target[_input_sizes.size() + _param_index.at(pair.param)] =
-          blocks[k].reshape({state.rows, numel(pair.out_base_shape), numel(pair.param_base_shape)});
+      const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
+      auto block = blocks[k].reshape({state.rows, nu, np});
+      if (solved.substepped.defined()) // chained through the substeps
+        block = block.index_copy(
+            0, solved.substepped,
+            solved.substepped_du_dg.narrow(1, unknown_column.at(pair.out), nu)
+                .narrow(2, solved.substepped_du_dg.size(2) - n_params + param_column.at(pair.param),
+                        np));
+      target[_input_sizes.size() + _param_index.at(pair.param)] = block;
     }
   }
   for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {

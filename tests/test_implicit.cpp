@@ -2,8 +2,13 @@
 // row on its own; results independent of the rows around them; per-row failures.
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <optional>
+#include <sstream>
+
+#include <unistd.h>
 
 #include "../src/newton.hpp" // the Newton loop itself, for the line-search paths
 #include "model_checks.hpp"
@@ -738,4 +743,41 @@ TEST_CASE("substepping bisects recursively: after a deep left half, the right ha
   CHECK(spans == expected);
   REQUIRE(result.converged.item<bool>());
   CHECK(std::abs(result.u[0].item<double>() - std::sqrt(0.5)) <= 1e-12);
+}
+
+TEST_CASE("parameter derivatives of substepped rows: chained through the spans") {
+  // neml2-compile writes the same graphs whatever max_substepping_level is (only that field
+  // differs: scalar_substepping against scalar_backward_euler), so the parameter artifact
+  // with the field set to 3 is what compiling it with substepping would give.
+  namespace fs = std::filesystem;
+  const auto root =
+      fs::temp_directory_path() / ("neml2_dispatch_substep_params_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::copy(test::artifacts() / "scalar_backward_euler_params" / "model", root,
+           fs::copy_options::recursive);
+  std::stringstream text;
+  text << std::ifstream(root / "metadata.json").rdbuf();
+  auto metadata = text.str();
+  const std::string from = "\"max_substepping_level\": 0";
+  REQUIRE(metadata.find(from) != std::string::npos);
+  metadata.replace(metadata.find(from), from.size(), "\"max_substepping_level\": 3");
+  std::ofstream(root / "metadata.json") << metadata;
+  auto s = Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu");
+
+  // The substepped rows of the reference cases; scaling = 1 is the compiled model's.
+  const test::Reference ref("scalar_substepping");
+  const auto substepped = ref["sub/spans"] > 1;
+  TensorMap inputs;
+  for (const auto& [name, value] : ref.group("sub/in"))
+    inputs.emplace(name, value.index({substepped}));
+  const auto [out, P] = s.param_jacobian(inputs);
+  test::check_close(out.at("x"), ref["sub/out/x"].index({substepped}), "outputs", 1e-8);
+  const double h = 1e-6;
+  s.set_parameter("residual.square.scaling", at::full({}, 1 + h, at::kDouble));
+  const auto plus = s.forward(inputs).at("x");
+  s.set_parameter("residual.square.scaling", at::full({}, 1 - h, at::kDouble));
+  const auto minus = s.forward(inputs).at("x");
+  test::check_close(P.at("x").at("residual.square.scaling"), (plus - minus) / (2 * h), "dx/ds",
+                    1e-6);
+  fs::remove_all(root);
 }
