@@ -575,6 +575,13 @@ TEST_CASE("substepped rows do not depend on the rows beside them") {
     test::check_close(out.at("x").index({converged}), whole.at("x").index({converged}), "chunked",
                       1e-13);
   }
+  // The asynchronous pool: chunks of 5 on a worker, failures merged into one mask.
+  const auto pooled = load_model(test::stub("scalar_substepping", "model"), "model",
+                                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {5}});
+  const auto [pooled_out, pooled_mask] = forward_rows(pooled, inputs);
+  CHECK(at::equal(pooled_mask, converged));
+  test::check_close(pooled_out.at("x").index({converged}), whole.at("x").index({converged}),
+                    "pooled", 1e-13);
   // The deepest row alone, and beside a row that fails.
   const auto deepest = (ref["sub/spans"] == 4).nonzero()[0][0].item<std::int64_t>();
   const auto failing = (~converged).nonzero()[0][0].item<std::int64_t>();
