@@ -348,79 +348,15 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     params.push_back(chunk.params[p].select(0, 0));
 
   const auto givens = pack(seg.given_groups, {});
-  // d(u)/d(givens, parameters) at a solution, dense over the flattened groups and then the
-  // parameters (when their derivatives are asked for): what substepped rows chain through
-  // their substeps.
-  const bool param_columns = state.params && step.solve_param;
-  std::map<std::string, std::int64_t> unknown_column, param_column;
-  std::int64_t n_params = 0;
-  if (param_columns) {
-    std::vector<std::int64_t> widths;
-    for (const auto& g : seg.unknown_groups) {
-      std::int64_t w = 0;
-      for (const auto& n : g.names)
-        for (const auto& u : seg.unknowns)
-          if (u.name == n)
-            w += u.var_size;
-      widths.push_back(w);
-    }
-    for (const auto& [name, at] : slices(seg.unknown_groups, seg.unknowns)) {
-      std::int64_t before = 0;
-      for (std::size_t g = 0; g < at.group; ++g)
-        before += widths[g];
-      unknown_column[name] = before + at.offset;
-    }
-    for (auto p : step.params) {
-      param_column[_artifact.parameters[p].name] = n_params;
-      n_params += numel(_artifact.parameters[p].base_shape);
-    }
-  }
+  // Substepped rows chain their derivatives through their spans (dense_derivative).
+  const auto layout = dense_layout(step, state.params && step.solve_param);
   DerivativeFn du_dg;
   if (state.track && step.substeps.max_level > 0)
     du_dg = [&](const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& g) {
-      std::vector<at::Tensor> args = u;
-      args.insert(args.end(), g.begin(), g.end());
-      args.insert(args.end(), params.begin(), params.end());
-      auto ops = step.newton.jacobian(args);
-      ops.resize(step.newton.a_blocks);
-      const auto b_blocks = step.jacobian_given(args);
-      ops.insert(ops.end(), b_blocks.begin(), b_blocks.end());
-      const auto blocks = step.solve_ift(ops);
-      std::int64_t n_u = 0, n_g = 0;
-      for (const auto& t : u)
-        n_u += t.size(1);
-      for (const auto& t : g)
-        n_g += t.size(1);
-      const auto rows = u.front().size(0);
-      auto dense = at::zeros({rows, n_u, n_g + n_params}, u.front().options());
-      for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
-        const auto& pair = seg.jacobian_pairs[k];
-        const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
-        dense.narrow(1, pair.row_offset, nu)
-            .narrow(2, pair.col_offset, ng)
-            .copy_(blocks[k].reshape({rows, nu, ng}));
-      }
-      if (param_columns) { // du/dparam = -A^{-1} dr/dparam, the (unbatched) parameters per row
-        std::vector<at::Tensor> per_row = u;
-        per_row.insert(per_row.end(), g.begin(), g.end());
-        for (auto p : step.params) {
-          auto shape = chunk.params[p].sizes().vec();
-          shape[0] = rows;
-          per_row.push_back(chunk.params[p].narrow(0, 0, 1).expand(shape).contiguous());
-        }
-        const auto by_param = step.solve_param(step.dr_dparam(per_row));
-        for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
-          const auto& pair = seg.param_jacobian_pairs[k];
-          const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
-          dense.narrow(1, unknown_column.at(pair.out), nu)
-              .narrow(2, n_g + param_column.at(pair.param), np)
-              .copy_(by_param[k].reshape({rows, nu, np}));
-        }
-      }
-      return dense;
+      return dense_derivative(step, chunk, params, layout, u, g);
     };
   auto solved = solve_with_substeps(step.newton, pack(seg.unknown_groups, guess), givens, params,
-                                    _config, step.substeps, du_dg, n_params);
+                                    _config, step.substeps, du_dg, layout.n_params);
 
   // Unpack the unknowns into the state.
   std::map<std::string, const ImplicitVariable*> unknown_spec;
@@ -480,11 +416,13 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
       const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
       auto block = blocks[k].reshape({state.rows, nu, np});
       if (solved.substepped.defined()) // chained through the substeps
-        block = block.index_copy(
-            0, solved.substepped,
-            solved.substepped_du_dg.narrow(1, unknown_column.at(pair.out), nu)
-                .narrow(2, solved.substepped_du_dg.size(2) - n_params + param_column.at(pair.param),
-                        np));
+        block =
+            block.index_copy(0, solved.substepped,
+                             solved.substepped_du_dg.narrow(1, layout.unknown_row.at(pair.out), nu)
+                                 .narrow(2,
+                                         solved.substepped_du_dg.size(2) - layout.n_params +
+                                             layout.param_column.at(pair.param),
+                                         np));
       target[_input_sizes.size() + _param_index.at(pair.param)] = block;
     }
   }
@@ -504,6 +442,79 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     d.resize(n_columns);
     state.derivatives[u.name] = std::move(d);
   }
+}
+
+SegmentChain::DenseLayout SegmentChain::dense_layout(const ImplicitStep& step,
+                                                     bool with_params) const {
+  DenseLayout layout;
+  if (!with_params)
+    return layout;
+  const auto& seg = *step.segment;
+  std::vector<std::int64_t> group_start{0};
+  for (const auto& g : seg.unknown_groups) {
+    std::int64_t width = 0;
+    for (const auto& n : g.names)
+      for (const auto& u : seg.unknowns)
+        width += u.name == n ? u.var_size : 0;
+    group_start.push_back(group_start.back() + width);
+  }
+  for (const auto& [name, at] : slices(seg.unknown_groups, seg.unknowns))
+    layout.unknown_row[name] = group_start[at.group] + at.offset;
+  for (auto p : step.params) {
+    layout.param_column[_artifact.parameters[p].name] = layout.n_params;
+    layout.n_params += numel(_artifact.parameters[p].base_shape);
+  }
+  return layout;
+}
+
+at::Tensor SegmentChain::dense_derivative(const ImplicitStep& step, const ChunkArgs& chunk,
+                                          const std::vector<at::Tensor>& params,
+                                          const DenseLayout& layout,
+                                          const std::vector<at::Tensor>& u,
+                                          const std::vector<at::Tensor>& g) const {
+  const auto& seg = *step.segment;
+  // du/dg = -A^{-1} B, from the graphs, at the blocks' flat offsets.
+  std::vector<at::Tensor> args = u;
+  args.insert(args.end(), g.begin(), g.end());
+  args.insert(args.end(), params.begin(), params.end());
+  auto ops = step.newton.jacobian(args);
+  ops.resize(step.newton.a_blocks);
+  const auto b_blocks = step.jacobian_given(args);
+  ops.insert(ops.end(), b_blocks.begin(), b_blocks.end());
+  const auto blocks = step.solve_ift(ops);
+  std::int64_t n_u = 0, n_g = 0;
+  for (const auto& t : u)
+    n_u += t.size(1);
+  for (const auto& t : g)
+    n_g += t.size(1);
+  const auto rows = u.front().size(0);
+  auto dense = at::zeros({rows, n_u, n_g + layout.n_params}, u.front().options());
+  for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+    const auto& pair = seg.jacobian_pairs[k];
+    const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+    dense.narrow(1, pair.row_offset, nu)
+        .narrow(2, pair.col_offset, ng)
+        .copy_(blocks[k].reshape({rows, nu, ng}));
+  }
+  if (layout.n_params == 0)
+    return dense;
+  // du/dparam = -A^{-1} dr/dparam, the parameters (one value for every row) per row.
+  std::vector<at::Tensor> per_row = u;
+  per_row.insert(per_row.end(), g.begin(), g.end());
+  for (auto p : step.params) {
+    auto shape = chunk.params[p].sizes().vec();
+    shape[0] = rows;
+    per_row.push_back(chunk.params[p].narrow(0, 0, 1).expand(shape).contiguous());
+  }
+  const auto by_param = step.solve_param(step.dr_dparam(per_row));
+  for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
+    const auto& pair = seg.param_jacobian_pairs[k];
+    const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
+    dense.narrow(1, layout.unknown_row.at(pair.out), nu)
+        .narrow(2, n_g + layout.param_column.at(pair.param), np)
+        .copy_(by_param[k].reshape({rows, nu, np}));
+  }
+  return dense;
 }
 
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {

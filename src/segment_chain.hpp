@@ -82,6 +82,20 @@ private:
   void run_forward(const ForwardStep& step, const ChunkArgs& chunk, State& state) const;
   void run_implicit(const ImplicitStep& step, const ChunkArgs& chunk, State& state) const;
 
+  // Where the columns of a dense d(u)/d(givens, parameters) are (see DerivativeFn): each
+  // unknown's first row, each parameter's first column after the givens'.
+  struct DenseLayout {
+    std::map<std::string, std::int64_t> unknown_row, param_column;
+    std::int64_t n_params = 0; // 0 when the parameters are not asked for
+  };
+  [[nodiscard]] DenseLayout dense_layout(const ImplicitStep& step, bool with_params) const;
+  // The dense derivative at solutions `u` of spans with givens `g` (the rows of a chunk).
+  [[nodiscard]] at::Tensor dense_derivative(const ImplicitStep& step, const ChunkArgs& chunk,
+                                            const std::vector<at::Tensor>& params,
+                                            const DenseLayout& layout,
+                                            const std::vector<at::Tensor>& u,
+                                            const std::vector<at::Tensor>& g) const;
+
   const Artifact& _artifact;
   std::vector<Step> _steps;
   std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks, _param_jacobian_blocks;
