@@ -266,6 +266,36 @@ std::vector<at::Tensor> rows_of(const std::vector<at::Tensor>& groups, const at:
   return out;
 }
 
+// d(span givens)/d(step givens), `(rows, n_g, n_g)`: identity for what stays, the
+// interpolation weights of [begin, end] `(rows, 1)` for forces, the derivative carried from
+// the previous span for old states (`chained_dg`, per chain `(rows, size, n_g)`).
+at::Tensor span_weights(const SubstepPlan& plan, const std::vector<std::int64_t>& given_offsets,
+                        std::int64_t n_g, const at::Tensor& begin, const at::Tensor& end,
+                        const std::vector<at::Tensor>& chained_dg) {
+  const auto rows = begin.size(0);
+  const auto options = begin.options();
+  auto weights = at::eye(n_g, options).expand({rows, n_g, n_g}).clone();
+  const auto b = begin.unsqueeze(2), e = end.unsqueeze(2);
+  for (const auto& r : plan.ramps) {
+    const auto cur = column(given_offsets, r.current), old = column(given_offsets, r.old);
+    const auto len = r.current.size;
+    const auto eye = at::eye(len, options).expand({rows, len, len});
+    auto cur_rows = weights.narrow(1, cur, len);
+    auto old_rows = weights.narrow(1, old, len);
+    cur_rows.zero_();
+    old_rows.zero_();
+    cur_rows.narrow(2, cur, len).copy_(e * eye);
+    cur_rows.narrow(2, old, len).copy_((1 - e) * eye);
+    old_rows.narrow(2, cur, len).copy_(b * eye);
+    old_rows.narrow(2, old, len).copy_((1 - b) * eye);
+  }
+  for (std::size_t c = 0; c < plan.chains.size(); ++c)
+    weights
+        .narrow(1, column(given_offsets, plan.chains[c].old_state), plan.chains[c].old_state.size)
+        .copy_(chained_dg[c]);
+  return weights;
+}
+
 // The substepping state of the rows that failed in one step (all tensors over those rows).
 // A row works through its step in spans [pos, pos + size) of 2^max_level units: the span
 // it tries next, the depth of that span in the bisection tree, and what it carries from
@@ -360,30 +390,11 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
     if (ok_rows.numel() > 0) {
       const auto solution = rows_of(solved.u, ok_index);
       if (track) {
-        // d(span givens)/d(full givens): identity for what stays, the interpolation
-        // weights for forces, the carried derivative for old states.
-        const auto k = ok_rows.numel();
-        auto weights = at::eye(n_g, s.du_dg.options()).expand({k, n_g, n_g}).clone();
-        const auto b = begin.index_select(0, ok_index).unsqueeze(2);
-        const auto e = end.index_select(0, ok_index).unsqueeze(2);
-        for (const auto& r : plan.ramps) {
-          const auto cur = column(given_offsets, r.current), old = column(given_offsets, r.old);
-          const auto len = r.current.size;
-          const auto eye = at::eye(len, s.du_dg.options()).expand({k, len, len});
-          auto cur_rows = weights.narrow(1, cur, len);
-          auto old_rows = weights.narrow(1, old, len);
-          cur_rows.zero_();
-          old_rows.zero_();
-          cur_rows.narrow(2, cur, len).copy_(e * eye);
-          cur_rows.narrow(2, old, len).copy_((1 - e) * eye);
-          old_rows.narrow(2, cur, len).copy_(b * eye);
-          old_rows.narrow(2, old, len).copy_((1 - b) * eye);
-        }
-        for (std::size_t c = 0; c < plan.chains.size(); ++c)
-          weights
-              .narrow(1, column(given_offsets, plan.chains[c].old_state),
-                      plan.chains[c].old_state.size)
-              .copy_(s.chained_dg[c].index_select(0, ok_rows));
+        std::vector<at::Tensor> chained_dg;
+        for (const auto& c : s.chained_dg)
+          chained_dg.push_back(c.index_select(0, ok_rows));
+        const auto weights = span_weights(plan, given_offsets, n_g, begin.index_select(0, ok_index),
+                                          end.index_select(0, ok_index), chained_dg);
         const auto d = at::matmul(du_dg(solution, rows_of(span, ok_index)), weights);
         s.du_dg.index_copy_(0, ok_rows, d);
         for (std::size_t c = 0; c < plan.chains.size(); ++c) {
