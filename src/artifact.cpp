@@ -347,10 +347,6 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
   seg.residual_groups = read_groups(s, "residual_group_infos", field, r);
   seg.param_inputs = r.get_or<std::vector<std::string>>(s, "param_inputs", field, {});
   seg.max_substepping_level = r.get_or<std::int64_t>(s, "max_substepping_level", field, 0);
-  if (seg.max_substepping_level > 0)
-    unsupported(r, field, "adaptive substepping (max_substepping_level > 0)",
-                "set max_substepping_level = 0 on the ImplicitUpdate and recompile, or cut "
-                "the step in the host on ConvergenceError");
   seg.incremental_variables =
       r.get_or<std::vector<std::string>>(s, "incremental_variables", field, {});
   if (s.contains("input_sensitivity")) {
@@ -397,9 +393,9 @@ SolverConfig read_solver_config(const json& c, const JsonReader& r) {
   if (config.solver_kind != "direct")
     unsupported(r, f, fmt::format("solver_kind '{}'", config.solver_kind),
                 "compile the model with a direct linear solver (DenseLU)");
-  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
+  if (config.ls_type != "BACKTRACKING" && config.ls_type != "STRONG_WOLFE")
     unsupported(r, f, fmt::format("a '{}' line search", config.ls_type),
-                "use linesearch_type = BACKTRACKING (or no line search)");
+                "use linesearch_type = BACKTRACKING or STRONG_WOLFE");
   return config;
 }
 

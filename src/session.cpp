@@ -146,15 +146,13 @@ struct Session::Impl {
       param_jacobian_slots.push_back(
           {detail::Gather::rows,
            concat({&output_base_shapes[o], &artifact->parameters[p].base_shape})});
+    vjp_params = chain->param_vjp_params(); // the chain contracts its parameter Jacobian
+    for (std::size_t o = 0; o < output_names.size(); ++o)
+      vjp_cotangents.push_back(o);
   }
 
   // The graphs `op` needs are there (checked before anything else of a call).
   void require_operation(Operation op) const {
-    if (chain && op == Operation::param_vjp)
-      throw FatalError(fmt::format(
-          "{}: param_vjp of a composed (multi-segment or implicit) model is not supported by "
-          "neml2-dispatch yet; contract param_jacobian() with the cotangents instead",
-          artifact->root.string()));
     switch (op) {
     case Operation::jvp:
     case Operation::jacobian:
@@ -166,7 +164,8 @@ struct Session::Impl {
               "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
       break;
     case Operation::param_vjp:
-      require(bool(param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
+      require(chain ? chain->has_param_derivatives() : bool(param_vjp_graph), "param_vjp",
+              "-p PARAM -d OUT:PARAM");
       break;
     case Operation::forward:
       break;
