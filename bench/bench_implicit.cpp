@@ -6,6 +6,11 @@
 // (the working set compacted once at most half of it iterates); `compact_never` evaluates every row
 // to the end (masked, as a whole-batch solver does) and `compact_always` compacts whenever a row
 // converges: the two bounds that set the default threshold (docs/performance.md).
+//
+// `scalar_plain` / `scalar_substepping`: the scalar backward-Euler model compiled without
+// and with substepping (max_substepping_level = 3), NAME/BATCH/SUBSTEPPED_PERCENT: what
+// substepping costs the rows that converge in one step (0 %), and with a few rows that
+// need three spans (10 %).
 
 #include <filesystem>
 
@@ -75,6 +80,49 @@ void compact_always(benchmark::State& state) {
   run_dispatched(state, 1);
 }
 
+// x + dt x^2 = x~1 + dt a over dt = 0.1: a in [1, 2) converges in one step; a = -60 has
+// no root in one step and takes spans of 1/2, 1/4, 1/4 (the first `percent` of the rows).
+std::map<std::string, at::Tensor> scalar_inputs(std::int64_t batch, std::int64_t percent) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto hard = at::arange(batch, opts) < batch * percent / 100.0;
+  return {{"a", at::where(hard, at::full({batch}, -60.0, opts), 1 + at::rand({batch}, opts))},
+          {"x", at::full({batch}, 0.5, opts)},
+          {"x~1", at::full({batch}, 0.5, opts)},
+          {"t", at::full({batch}, 0.1, opts)},
+          {"t~1", at::zeros({batch}, opts)}};
+}
+
+void run_scalar(benchmark::State& state, const char* artifact) {
+  const auto path =
+      std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / artifact / "model_aoti.i";
+  auto model = neml2::load_model(path, "model", neml2::SyncChunking{.device = "cpu"});
+  const auto x = scalar_inputs(state.range(0), state.range(1));
+  const auto call = [&] {
+    try {
+      benchmark::DoNotOptimize(model.forward(x));
+    } catch (const neml2::ConvergenceError&) { // the hard rows without substepping
+    }
+  };
+  for (int i = 0; i < 5; ++i)
+    call();
+  for (auto _ : state)
+    call();
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void scalar_plain(benchmark::State& state) {
+  run_scalar(state, "scalar_backward_euler");
+}
+void scalar_substepping(benchmark::State& state) {
+  run_scalar(state, "scalar_substepping");
+}
+
+void substep_cases(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {64, 1 << 14})
+    for (std::int64_t percent : {0, 10})
+      b->Args({batch, percent});
+}
+
 void versus(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch : {1, 64, 1 << 14, 1 << 18})
     for (std::int64_t percent : {100, 10})
@@ -93,6 +141,8 @@ BENCHMARK(dispatched)->Apply(versus)->UseRealTime();
 BENCHMARK(dispatched)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_never)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_always)->Apply(thresholds)->UseRealTime();
+BENCHMARK(scalar_plain)->Apply(substep_cases)->UseRealTime();
+BENCHMARK(scalar_substepping)->Apply(substep_cases)->UseRealTime();
 
 // One intra-op thread for both runtimes: the graphs' own kernels are serial here, and on a
 // shared two-core machine ATen's OpenMP barriers, not the work, set the time otherwise.

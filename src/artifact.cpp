@@ -164,16 +164,46 @@ struct JsonReader {
   T get(const json& j, const std::string& key, const std::string& field) const {
     const auto& v = at(j, key, field);
     check_integers<T>(v, field + "." + key);
+    T value;
     try {
-      return v.get<T>();
+      value = v.get<T>();
     } catch (const json::exception& e) {
       fail(field + "." + key, e.what());
     }
+    if constexpr (std::is_same_v<T, Shape>)
+      check_shape(value, field + "." + key);
+    return value;
+  }
+
+  // A variable's shape per row: small non-negative sizes (an SR2 is [6], an R4 [3, 3, 3, 3]).
+  void check_shape(const Shape& shape, const std::string& field) const {
+    constexpr std::int64_t most = std::int64_t(1) << 24;
+    std::int64_t numel = 1;
+    for (auto d : shape) {
+      if (d < 0 || d > most)
+        fail(field, fmt::format("size {} in [{}] is not a size between 0 and {}", d,
+                                fmt::join(shape, ", "), most));
+      numel = std::min(numel * std::max<std::int64_t>(d, 1), most + 1);
+    }
+    if (numel > most)
+      fail(field, fmt::format("[{}] has more than {} values", fmt::join(shape, ", "), most));
   }
 
   template <class T>
   T get_or(const json& j, const std::string& key, const std::string& field, T fallback) const {
     return j.contains(key) ? get<T>(j, key, field) : fallback;
+  }
+
+  // A graph file name inside the <device>/<dtype>/ folder (empty when optional and absent).
+  std::string package(const json& j, const std::string& key, const std::string& field,
+                      bool required) const {
+    auto name = required ? get<std::string>(j, key, field) : get_or<std::string>(j, key, field, "");
+    if ((required && name.empty()) || (!name.empty() && (name.find('/') != std::string::npos ||
+                                                         name == ".." || !name.ends_with(".pt2"))))
+      fail(field + "." + key, fmt::format("'{}' is not the file name of a .pt2 graph in the "
+                                          "<device>/<dtype>/ folder",
+                                          name));
+    return name;
   }
 
   const json& array(const json& j, const std::string& key, const std::string& field) const {
@@ -232,11 +262,11 @@ void each_entry(const json& s, const char* key, const std::string& field, const 
 
 ForwardSegment read_segment(const json& s, const std::string& field, const JsonReader& r) {
   ForwardSegment seg;
-  seg.package = r.get<std::string>(s, "package", field);
+  seg.package = r.package(s, "package", field, true);
   seg.inputs = names_of(r.array(s, "inputs", field), field + ".inputs", r);
   seg.outputs = names_of(r.array(s, "outputs", field), field + ".outputs", r);
   seg.param_inputs = r.get_or<std::vector<std::string>>(s, "param_inputs", field, {});
-  seg.jvp_package = r.get_or<std::string>(s, "jvp_package", field, "");
+  seg.jvp_package = r.package(s, "jvp_package", field, false);
   if (!seg.jvp_package.empty())
     each_entry(s, "jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
       seg.jacobian_pairs.push_back(
@@ -245,7 +275,7 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
            r.get_or<Shape>(p, "in_sub_batch_shape", f, {}),
            r.get_or<bool>(p, "batch_independent", f, false)});
     });
-  seg.param_jacobian_package = r.get_or<std::string>(s, "param_jacobian_package", field, "");
+  seg.param_jacobian_package = r.package(s, "param_jacobian_package", field, false);
   if (!seg.param_jacobian_package.empty()) {
     const auto& pairs = r.array(s, "param_jacobian_pairs", field);
     for (std::size_t i = 0; i < pairs.size(); ++i) {
@@ -256,7 +286,7 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
                                           r.get<Shape>(pairs[i], "param_base_shape", f)});
     }
   }
-  seg.param_vjp_package = r.get_or<std::string>(s, "param_vjp_package", field, "");
+  seg.param_vjp_package = r.package(s, "param_vjp_package", field, false);
   if (!seg.param_vjp_package.empty()) {
     seg.param_vjp_params = r.get<std::vector<std::string>>(s, "param_vjp_params", field);
     seg.param_vjp_outputs = r.get<std::vector<std::string>>(s, "param_vjp_outputs", field);
@@ -281,6 +311,12 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
     v.name = r.get<std::string>(entry, "name", f);
     v.var_size = r.get<std::int64_t>(entry, "var_size", f);
     v.base_shape = r.get<Shape>(entry, "base_shape", f);
+    std::int64_t numel = 1;
+    for (auto d : v.base_shape)
+      numel *= d;
+    if (v.var_size != numel)
+      r.fail(f + ".var_size", fmt::format("{} for base_shape [{}] of {} values", v.var_size,
+                                          fmt::join(v.base_shape, ", "), numel));
     if (!r.get_or<Shape>(entry, "sub_batch_shape", f, {}).empty())
       unsupported(r, f, "a sub-batched implicit variable",
                   "solve it with eager NEML2 or without sub-batch axes");
@@ -323,18 +359,18 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
     unsupported(r, field, "an iterated predictor (predictor_feedback)",
                 "use a predictor without feedback iterations");
   ImplicitSegment seg;
-  seg.residual_package = r.get<std::string>(s, "residual_package", field);
-  seg.jacobian_package = r.get_or<std::string>(s, "jacobian_package", field, "");
-  seg.solve_package = r.get_or<std::string>(s, "solve_package", field, "");
+  seg.residual_package = r.package(s, "residual_package", field, true);
+  seg.jacobian_package = r.package(s, "jacobian_package", field, false);
+  seg.solve_package = r.package(s, "solve_package", field, false);
   if (seg.jacobian_package.empty() || seg.solve_package.empty())
     r.fail(field + ".solve_package", "a direct-solve segment needs jacobian_package and "
                                      "solve_package");
-  seg.jacobian_given_package = r.get_or<std::string>(s, "jacobian_given_package", field, "");
-  seg.solve_ift_package = r.get_or<std::string>(s, "solve_ift_package", field, "");
+  seg.jacobian_given_package = r.package(s, "jacobian_given_package", field, false);
+  seg.solve_ift_package = r.package(s, "solve_ift_package", field, false);
   if (!seg.jacobian_given_package.empty() && seg.solve_ift_package.empty())
     unsupported(r, field, "an iterative input-sensitivity solve (no solve_ift_package)",
                 "compile the model with a direct linear solver");
-  seg.predictor_package = r.get_or<std::string>(s, "predictor_package", field, "");
+  seg.predictor_package = r.package(s, "predictor_package", field, false);
   seg.predictor_inputs = optional_names(s, "predictor_inputs", field, r);
   seg.predictor_outputs = optional_names(s, "predictor_outputs", field, r);
   seg.unknowns = read_implicit_variables(s, "unknowns", field, r);
@@ -345,10 +381,6 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
   seg.residual_groups = read_groups(s, "residual_group_infos", field, r);
   seg.param_inputs = r.get_or<std::vector<std::string>>(s, "param_inputs", field, {});
   seg.max_substepping_level = r.get_or<std::int64_t>(s, "max_substepping_level", field, 0);
-  if (seg.max_substepping_level > 0)
-    unsupported(r, field, "adaptive substepping (max_substepping_level > 0)",
-                "set max_substepping_level = 0 on the ImplicitUpdate and recompile, or cut "
-                "the step in the host on ConvergenceError");
   seg.incremental_variables =
       r.get_or<std::vector<std::string>>(s, "incremental_variables", field, {});
   if (s.contains("input_sensitivity")) {
@@ -366,8 +398,8 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
            r.get_or<std::int64_t>(p, "row_offset", f, 0),
            r.get_or<std::int64_t>(p, "col_offset", f, 0)});
     });
-  seg.dr_dparam_package = r.get_or<std::string>(s, "dr_dparam_package", field, "");
-  seg.solve_param_package = r.get_or<std::string>(s, "solve_param_package", field, "");
+  seg.dr_dparam_package = r.package(s, "dr_dparam_package", field, false);
+  seg.solve_param_package = r.package(s, "solve_param_package", field, false);
   if (!seg.dr_dparam_package.empty() && seg.solve_param_package.empty())
     unsupported(r, field, "an iterative parameter sensitivity solve (no solve_param_package)",
                 "compile the model with a direct linear solver");
@@ -395,9 +427,9 @@ SolverConfig read_solver_config(const json& c, const JsonReader& r) {
   if (config.solver_kind != "direct")
     unsupported(r, f, fmt::format("solver_kind '{}'", config.solver_kind),
                 "compile the model with a direct linear solver (DenseLU)");
-  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
+  if (config.ls_type != "BACKTRACKING" && config.ls_type != "STRONG_WOLFE")
     unsupported(r, f, fmt::format("a '{}' line search", config.ls_type),
-                "use linesearch_type = BACKTRACKING (or no line search)");
+                "use linesearch_type = BACKTRACKING or STRONG_WOLFE");
   return config;
 }
 
@@ -415,12 +447,14 @@ std::string list_leaves(const fs::path& root) {
 
 std::string read_text(const fs::path& file, const char* what) {
   std::ifstream in(file, std::ios::binary);
-  std::ostringstream text;
-  if (!in || !(text << in.rdbuf()) || in.bad())
+  std::string text;
+  if (in)
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  if (!in || in.bad())
     throw FatalError(fmt::format("cannot read {} '{}': check that it exists and that you may "
                                  "read it",
                                  what, file.string()));
-  return std::move(text).str();
+  return text;
 }
 
 } // namespace
@@ -512,9 +546,7 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
       p.dtype = dtype_from_name(r.get<std::string>(params[i], "dtype", field));
     std::int64_t numel = 1;
     for (auto s : p.shape)
-      if (__builtin_mul_overflow(numel, s, &numel)) // signed overflow: found by fuzz_metadata
-        r.fail(field + ".shape",
-               fmt::format("[{}] has too many elements", fmt::join(p.shape, ", ")));
+      numel *= s;
     if (numel != static_cast<std::int64_t>(p.values.size()))
       r.fail(field + ".values",
              fmt::format("{} values for shape [{}]", p.values.size(), fmt::join(p.shape, ", ")));

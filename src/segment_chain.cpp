@@ -42,6 +42,65 @@ void accumulate(std::vector<at::Tensor>& target, const at::Tensor& block,
   }
 }
 
+// Where each variable sits in its packed group.
+std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& groups,
+                                         const std::vector<ImplicitVariable>& variables) {
+  std::map<std::string, std::int64_t> sizes;
+  for (const auto& v : variables)
+    sizes[v.name] = v.var_size;
+  std::map<std::string, GroupSlice> found;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::int64_t offset = 0;
+    for (const auto& n : groups[g].names) {
+      const auto size = sizes.count(n) ? sizes.at(n) : 1;
+      found[n] = {g, offset, size};
+      offset += size;
+    }
+  }
+  return found;
+}
+
+// The givens' substepping roles (metadata.json `role` and `pair`) as slices of the packed
+// groups. Roles are the compiler's: a force listed in incremental_variables already has
+// its `~1` partner and the cur_force / old_force roles.
+SubstepPlan substep_plan(const ImplicitSegment& seg, const std::filesystem::path& root) {
+  SubstepPlan plan;
+  plan.max_level = seg.max_substepping_level;
+  if (plan.max_level <= 0)
+    return plan;
+  if (plan.max_level > 30)
+    throw FatalError(fmt::format("{}/metadata.json: max_substepping_level = {} asks for 2^{} "
+                                 "substeps; at most 30 levels are supported: lower it on the "
+                                 "ImplicitUpdate and recompile",
+                                 root.string(), plan.max_level, plan.max_level));
+  const auto given = slices(seg.given_groups, seg.givens);
+  const auto unknown = slices(seg.unknown_groups, seg.unknowns);
+  const auto inconsistent = [&](const ImplicitVariable& v, const std::string& why) {
+    return FatalError(fmt::format("{}/metadata.json: given '{}' has substepping role '{}' with "
+                                  "pair '{}', but {}; the artifact is inconsistent: recompile it "
+                                  "with neml2-compile",
+                                  root.string(), v.name, v.role, v.pair, why));
+  };
+  for (const auto& v : seg.givens) {
+    if (v.role == "cur_force") {
+      const auto old = given.find(v.pair);
+      if (old == given.end() || old->second.size != given.at(v.name).size)
+        throw inconsistent(v, "the pair is not a given of the same size");
+      plan.ramps.push_back({given.at(v.name), old->second});
+    } else if (v.role == "old_state") {
+      const auto u = unknown.find(v.pair);
+      if (u == unknown.end() || u->second.size != given.at(v.name).size)
+        throw inconsistent(v, "the pair is not an unknown of the same size");
+      plan.chains.push_back({given.at(v.name), u->second});
+    } else if (v.role != "static" && v.role != "old_force" && v.role != "unknown")
+      throw FatalError(fmt::format("{}/metadata.json: given '{}' has substepping role '{}'; "
+                                   "known roles are static, old_state, cur_force and old_force "
+                                   "(recompile with neml2-compile 3.1)",
+                                   root.string(), v.name, v.role));
+  }
+  return plan;
+}
+
 } // namespace
 
 struct SegmentChain::State {
@@ -107,9 +166,13 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
 
   for (const auto& segment : artifact.segments) {
     if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
+      const auto takes = f->inputs.size() + f->param_inputs.size();
       _steps.emplace_back(ForwardStep{
-          f, load(f->package, "package"), load(f->jvp_package, "jvp_package"),
-          load(f->param_jacobian_package, "param_jacobian_package"), params_of(f->param_inputs)});
+          f, load(f->package, "package", takes, f->outputs.size()),
+          load(f->jvp_package, "jvp_package", takes, f->outputs.size() + f->jacobian_pairs.size()),
+          load(f->param_jacobian_package, "param_jacobian_package", takes,
+               f->param_jacobian_pairs.size()),
+          params_of(f->param_inputs)});
       _has_input_derivatives = _has_input_derivatives && !f->jvp_package.empty();
       _has_param_derivatives = _has_param_derivatives && !f->jvp_package.empty() &&
                                (f->param_inputs.empty() || !f->param_jacobian_package.empty());
@@ -119,16 +182,26 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     ImplicitStep step;
     step.segment = &s;
     step.params = params_of(s.param_inputs);
-    step.newton.residual = load(s.residual_package, "residual_package");
-    step.newton.jacobian = load(s.jacobian_package, "jacobian_package");
-    step.newton.solve = load(s.solve_package, "solve_package");
-    step.newton.a_blocks = s.residual_groups.size() * s.unknown_groups.size();
-    step.given_blocks = s.residual_groups.size() * s.given_groups.size();
-    step.predictor = load(s.predictor_package, "predictor_package");
-    step.jacobian_given = load(s.jacobian_given_package, "jacobian_given_package");
-    step.solve_ift = load(s.solve_ift_package, "solve_ift_package");
-    step.dr_dparam = load(s.dr_dparam_package, "dr_dparam_package");
-    step.solve_param = load(s.solve_param_package, "solve_param_package");
+    // Graph arity: unknown, given and residual groups, A's blocks (residual x unknown).
+    const auto unknowns = s.unknown_groups.size(), residuals = s.residual_groups.size();
+    const auto state = unknowns + s.given_groups.size() + s.param_inputs.size();
+    const auto a_blocks = residuals * unknowns;
+    step.newton.residual = load(s.residual_package, "residual_package", state, residuals);
+    step.newton.jacobian =
+        load(s.jacobian_package, "jacobian_package", state, a_blocks + residuals);
+    step.newton.solve = load(s.solve_package, "solve_package", a_blocks + residuals, unknowns);
+    step.newton.a_blocks = a_blocks;
+    step.given_blocks = residuals * s.given_groups.size();
+    step.substeps = substep_plan(s, artifact.root);
+    step.predictor = load(s.predictor_package, "predictor_package", s.predictor_inputs.size(),
+                          s.predictor_outputs.size());
+    step.jacobian_given =
+        load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
+    step.solve_ift = load(s.solve_ift_package, "solve_ift_package", a_blocks + step.given_blocks,
+                          s.jacobian_pairs.size());
+    step.dr_dparam = load(s.dr_dparam_package, "dr_dparam_package", state, a_blocks + residuals);
+    step.solve_param = load(s.solve_param_package, "solve_param_package", a_blocks + residuals,
+                            s.param_jacobian_pairs.size());
     _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
     _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
                              (s.param_inputs.empty() || step.solve_param);
@@ -154,6 +227,10 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
   _param_jacobian_blocks =
       positions(artifact.parameter_derivatives, param_index, "parameter_derivatives");
   _has_param_derivatives = _has_param_derivatives && !_param_jacobian_blocks.empty();
+  for (const auto& [o, p] : _param_jacobian_blocks)
+    if (std::find(_param_vjp_params.begin(), _param_vjp_params.end(), p) == _param_vjp_params.end())
+      _param_vjp_params.push_back(p);
+  std::sort(_param_vjp_params.begin(), _param_vjp_params.end());
 }
 
 bool SegmentChain::solves_with_parameter(std::size_t p) const {
@@ -178,10 +255,12 @@ void SegmentChain::set_solver_config(const SolverConfig& config) {
   if (config.ls_max_iters < 1)
     fail("ls_max_iters",
          fmt::format("is {}; it must be >= 1 (1 = no line search)", config.ls_max_iters));
-  if (config.ls_max_iters > 1 && config.ls_type != "BACKTRACKING")
-    fail("ls_type", fmt::format("is '{}': only BACKTRACKING line search runs here (a strong "
-                                "Wolfe search is not supported yet)",
+  if (config.ls_type != "BACKTRACKING" && config.ls_type != "STRONG_WOLFE")
+    fail("ls_type", fmt::format("is '{}'; it must be BACKTRACKING or STRONG_WOLFE (NEML2's "
+                                "linesearch_type)",
                                 config.ls_type));
+  if (!(config.substep_del_tol >= 0))
+    fail("substep_del_tol", fmt::format("is {}; it must be >= 0", config.substep_del_tol));
   if (config.ls_max_iters > 1 && !(config.ls_cutback > 1))
     fail("ls_cutback", fmt::format("is {}; it must be > 1", config.ls_cutback));
   if (config.solver_kind != "direct")
@@ -282,7 +361,15 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     params.push_back(chunk.params[p].select(0, 0));
 
   const auto givens = pack(seg.given_groups, {});
-  auto solved = newton_solve(step.newton, pack(seg.unknown_groups, guess), givens, params, _config);
+  // Substepped rows chain their derivatives through their spans (dense_derivative).
+  const auto layout = dense_layout(step, state.params && step.solve_param);
+  DerivativeFn du_dg;
+  if (state.track && step.substeps.max_level > 0)
+    du_dg = [&](const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& g) {
+      return dense_derivative(step, chunk, params, layout, u, g);
+    };
+  auto solved = solve_with_substeps(step.newton, pack(seg.unknown_groups, guess), givens, params,
+                                    _config, step.substeps, du_dg, layout.n_params);
 
   // Unpack the unknowns into the state.
   std::map<std::string, const ImplicitVariable*> unknown_spec;
@@ -313,7 +400,19 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   operators.resize(step.newton.a_blocks);
   auto b_blocks = step.jacobian_given(args);
   operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
-  const auto pairs = step.solve_ift(operators);
+  auto pairs = step.solve_ift(operators);
+  if (solved.substepped.defined()) {
+    // Rows solved in substeps: their derivatives chained through the substeps.
+    for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+      const auto& pair = seg.jacobian_pairs[k];
+      const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+      pairs[k] = pairs[k]
+                     .reshape({state.rows, nu, ng})
+                     .index_copy(0, solved.substepped,
+                                 solved.substepped_du_dg.narrow(1, pair.row_offset, nu)
+                                     .narrow(2, pair.col_offset, ng));
+    }
+  }
   const auto n_columns = state.columns;
   std::map<std::string, std::vector<at::Tensor>> derivatives;
   if (state.params && step.solve_param) {
@@ -327,8 +426,17 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
       const auto& pair = seg.param_jacobian_pairs[k];
       auto& target = derivatives[pair.out];
       target.resize(n_columns);
-      target[_input_sizes.size() + _param_index.at(pair.param)] =
-          blocks[k].reshape({state.rows, numel(pair.out_base_shape), numel(pair.param_base_shape)});
+      const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
+      auto block = blocks[k].reshape({state.rows, nu, np});
+      if (solved.substepped.defined()) // chained through the substeps
+        block =
+            block.index_copy(0, solved.substepped,
+                             solved.substepped_du_dg.narrow(1, layout.unknown_row.at(pair.out), nu)
+                                 .narrow(2,
+                                         solved.substepped_du_dg.size(2) - layout.n_params +
+                                             layout.param_column.at(pair.param),
+                                         np));
+      target[_input_sizes.size() + _param_index.at(pair.param)] = block;
     }
   }
   for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
@@ -349,14 +457,86 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   }
 }
 
+SegmentChain::DenseLayout SegmentChain::dense_layout(const ImplicitStep& step,
+                                                     bool with_params) const {
+  DenseLayout layout;
+  if (!with_params)
+    return layout;
+  const auto& seg = *step.segment;
+  std::vector<std::int64_t> group_start{0};
+  for (const auto& g : seg.unknown_groups) {
+    std::int64_t width = 0;
+    for (const auto& n : g.names)
+      for (const auto& u : seg.unknowns)
+        width += u.name == n ? u.var_size : 0;
+    group_start.push_back(group_start.back() + width);
+  }
+  for (const auto& [name, at] : slices(seg.unknown_groups, seg.unknowns))
+    layout.unknown_row[name] = group_start[at.group] + at.offset;
+  for (auto p : step.params) {
+    layout.param_column[_artifact.parameters[p].name] = layout.n_params;
+    layout.n_params += numel(_artifact.parameters[p].base_shape);
+  }
+  return layout;
+}
+
+at::Tensor SegmentChain::dense_derivative(const ImplicitStep& step, const ChunkArgs& chunk,
+                                          const std::vector<at::Tensor>& params,
+                                          const DenseLayout& layout,
+                                          const std::vector<at::Tensor>& u,
+                                          const std::vector<at::Tensor>& g) const {
+  const auto& seg = *step.segment;
+  // du/dg = -A^{-1} B, from the graphs, at the blocks' flat offsets.
+  std::vector<at::Tensor> args = u;
+  args.insert(args.end(), g.begin(), g.end());
+  args.insert(args.end(), params.begin(), params.end());
+  auto ops = step.newton.jacobian(args);
+  ops.resize(step.newton.a_blocks);
+  const auto b_blocks = step.jacobian_given(args);
+  ops.insert(ops.end(), b_blocks.begin(), b_blocks.end());
+  const auto blocks = step.solve_ift(ops);
+  std::int64_t n_u = 0, n_g = 0;
+  for (const auto& t : u)
+    n_u += t.size(1);
+  for (const auto& t : g)
+    n_g += t.size(1);
+  const auto rows = u.front().size(0);
+  auto dense = at::zeros({rows, n_u, n_g + layout.n_params}, u.front().options());
+  for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
+    const auto& pair = seg.jacobian_pairs[k];
+    const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+    dense.narrow(1, pair.row_offset, nu)
+        .narrow(2, pair.col_offset, ng)
+        .copy_(blocks[k].reshape({rows, nu, ng}));
+  }
+  if (layout.n_params == 0)
+    return dense;
+  // du/dparam = -A^{-1} dr/dparam, the parameters (one value for every row) per row.
+  std::vector<at::Tensor> per_row = u;
+  per_row.insert(per_row.end(), g.begin(), g.end());
+  for (auto p : step.params) {
+    auto shape = chunk.params[p].sizes().vec();
+    shape[0] = rows;
+    per_row.push_back(chunk.params[p].narrow(0, 0, 1).expand(shape).contiguous());
+  }
+  const auto by_param = step.solve_param(step.dr_dparam(per_row));
+  for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
+    const auto& pair = seg.param_jacobian_pairs[k];
+    const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
+    dense.narrow(1, layout.unknown_row.at(pair.out), nu)
+        .narrow(2, n_g + layout.param_column.at(pair.param), np)
+        .copy_(by_param[k].reshape({rows, nu, np}));
+  }
+  return dense;
+}
+
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
-  if (op == Operation::param_vjp) // Session refuses it before a call gets here
-    throw FatalError("internal: param_vjp reached a segment chain");
   const auto n_inputs = _input_sizes.size();
   State state;
   state.rows = chunk.rows;
   state.track = op != Operation::forward;
-  state.params = op == Operation::param_jacobian;
+  // param_vjp: the parameter Jacobian, contracted with the cotangents at the end.
+  state.params = op == Operation::param_jacobian || op == Operation::param_vjp;
   state.columns = n_inputs + (state.params ? _artifact.parameters.size() : 0);
   for (std::size_t i = 0; i < n_inputs; ++i) {
     const auto& name = _artifact.inputs[i].name;
@@ -380,7 +560,26 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
   std::vector<at::Tensor> results;
   for (const auto& out : _artifact.outputs)
     results.push_back(state.value(out.name, "the model's outputs"));
-  if (op == Operation::param_jacobian) {
+  if (op == Operation::param_vjp) {
+    std::vector<at::Tensor> grads;
+    for (auto p : _param_vjp_params) {
+      const auto& param = _artifact.parameters[p];
+      at::Tensor grad = at::zeros({state.rows, numel(param.base_shape)}, results.front().options());
+      for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
+        const auto it = state.derivatives.find(_artifact.outputs[o].name);
+        const auto column = n_inputs + p;
+        if (it == state.derivatives.end() || it->second.size() <= column ||
+            !it->second[column].defined() || !chunk.extras[o].defined())
+          continue;
+        // (rows, 1, n_out) x (rows, n_out, n_param)
+        grad =
+            grad +
+            at::matmul(chunk.extras[o].reshape({state.rows, 1, -1}), it->second[column]).squeeze(1);
+      }
+      grads.push_back(grad.reshape(with_rows(state.rows, {&param.base_shape})));
+    }
+    results = std::move(grads);
+  } else if (op == Operation::param_jacobian) {
     for (const auto& [o, p] : _param_jacobian_blocks) {
       const auto& out = _artifact.outputs[o];
       const auto& param = _artifact.parameters[p];
@@ -422,6 +621,13 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
 
   if (state.converged.defined() && !state.converged.all().item<bool>()) {
     const auto failed = ~state.converged;
+    if (op == Operation::param_vjp) // a sum over rows: one that failed spoils it
+      throw ConvergenceError(fmt::format(
+          "{}: param_vjp(): Newton did not converge for {} of {} rows (iteration cap miters = "
+          "{}, or a residual that stopped being finite); worst residual norm {}. The gradient "
+          "sums over rows, so it is not returned: forward() tells which rows fail",
+          _artifact.root.string(), failed.sum().item<std::int64_t>(), state.rows, _config.miters,
+          state.worst_residual));
     for (auto& r : results) {
       auto mask_shape = Shape(static_cast<std::size_t>(r.dim()), 1);
       mask_shape[0] = state.rows;

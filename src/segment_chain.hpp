@@ -20,8 +20,10 @@
 
 namespace neml2::detail {
 
-/// Loads one graph of the leaf folder by file name; an empty name gives an empty function.
-using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as)>;
+/// Loads one graph of the leaf folder by file name, checked to take `arguments` tensors and
+/// return `results`; an empty name gives an empty function.
+using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as,
+                                          std::size_t arguments, std::size_t results)>;
 
 class SegmentChain {
 public:
@@ -29,7 +31,9 @@ public:
 
   /// forward: the outputs (master order); jacobian: the outputs, then one block
   /// `(rows, *out_base, *in_base)` per jacobian_blocks() entry; jvp: the outputs, then
-  /// their tangents. Throws the per-row ConvergenceError when some rows fail.
+  /// their tangents; param_vjp: per row, sum over outputs of cotangent . d(out)/d(param),
+  /// `(rows, *param_base)` per param_vjp_params() entry (the cotangents in chunk.extras, one
+  /// per output, undefined = zero). Throws the per-row ConvergenceError when some rows fail.
   [[nodiscard]] std::vector<at::Tensor> run(Operation op, ChunkArgs& chunk) const;
 
   /// Whether every segment carries its derivative graphs (jvp / jacobian_given + solve_ift).
@@ -45,6 +49,12 @@ public:
   [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>&
   param_jacobian_blocks() const noexcept {
     return _param_jacobian_blocks;
+  }
+
+  /// The parameters param_vjp returns gradients for (Artifact::parameters positions, in
+  /// order): those of param_jacobian_blocks(). Its cotangents are one per output.
+  [[nodiscard]] const std::vector<std::size_t>& param_vjp_params() const noexcept {
+    return _param_vjp_params;
   }
 
   /// Whether an implicit segment's graphs take parameter `p` (Artifact::parameters index):
@@ -66,6 +76,7 @@ private:
     GraphFn predictor, jacobian_given, solve_ift, dr_dparam, solve_param;
     std::vector<std::size_t> params;
     std::size_t given_blocks = 0; // residual groups x given groups
+    SubstepPlan substeps;
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;
   struct State;
@@ -73,9 +84,24 @@ private:
   void run_forward(const ForwardStep& step, const ChunkArgs& chunk, State& state) const;
   void run_implicit(const ImplicitStep& step, const ChunkArgs& chunk, State& state) const;
 
+  // Where the columns of a dense d(u)/d(givens, parameters) are (see DerivativeFn): each
+  // unknown's first row, each parameter's first column after the givens'.
+  struct DenseLayout {
+    std::map<std::string, std::int64_t> unknown_row, param_column;
+    std::int64_t n_params = 0; // 0 when the parameters are not asked for
+  };
+  [[nodiscard]] DenseLayout dense_layout(const ImplicitStep& step, bool with_params) const;
+  // The dense derivative at solutions `u` of spans with givens `g` (the rows of a chunk).
+  [[nodiscard]] at::Tensor dense_derivative(const ImplicitStep& step, const ChunkArgs& chunk,
+                                            const std::vector<at::Tensor>& params,
+                                            const DenseLayout& layout,
+                                            const std::vector<at::Tensor>& u,
+                                            const std::vector<at::Tensor>& g) const;
+
   const Artifact& _artifact;
   std::vector<Step> _steps;
   std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks, _param_jacobian_blocks;
+  std::vector<std::size_t> _param_vjp_params;
   std::map<std::string, std::size_t> _param_index;
   std::vector<std::int64_t> _input_sizes; // values per row of each input
   bool _has_input_derivatives = true;

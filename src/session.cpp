@@ -1,21 +1,15 @@
 // One device's compiled graphs: loading them, checking calls, and calling them.
 
-#include <mutex>
-#include <regex>
-#include <set>
-
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/SmallVector.h>
-#include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
-#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/library.h>
 
 #include <neml2/detail/chunking.hpp>
 #include <neml2/session.hpp>
 
+#include "graph.hpp"
 #include "segment_chain.hpp"
 
 namespace fs = std::filesystem;
@@ -23,14 +17,7 @@ namespace fs = std::filesystem;
 namespace neml2 {
 namespace {
 
-using Loader = torch::inductor::AOTIModelPackageLoader;
-
-// One compiled graph (absent when the artifact was compiled without it).
-struct Graph {
-  std::unique_ptr<Loader> loader;
-  std::string file;
-  explicit operator bool() const { return loader != nullptr; }
-};
+using detail::Graph;
 
 Shape concat(std::initializer_list<const Shape*> parts) {
   Shape s;
@@ -44,73 +31,6 @@ std::int64_t numel(const Shape& s) {
   for (auto d : s)
     n *= d;
   return n;
-}
-
-// Some artifacts call neml2::opaque_pow (a pow hidden from Inductor's fusion).
-void register_custom_operators() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    if (c10::Dispatcher::singleton().findSchema({"neml2::opaque_pow", ""}).has_value())
-      return;
-    static torch::Library library(torch::Library::FRAGMENT, "neml2", std::nullopt, __FILE__,
-                                  __LINE__);
-    library.def(
-        "opaque_pow(Tensor base, Tensor exponent) -> Tensor",
-        [](const at::Tensor& base, const at::Tensor& exponent) { return at::pow(base, exponent); });
-  });
-}
-
-// The dtypes a graph checks its inputs against, read from the generated wrapper source in
-// the package (empty when the package carries none). The folder name alone is not proof:
-// neml2-compile 3.1 with --dtype float32 writes float64 graphs into <device>/float32/.
-std::set<std::string> graph_input_dtypes(const fs::path& file) {
-  std::set<std::string> dtypes;
-  caffe2::serialize::PyTorchStreamReader reader(file.string());
-  for (const auto& record : reader.getAllRecords()) {
-    if (!record.ends_with("wrapper.cpp"))
-      continue;
-    const auto [data, size] = reader.getRecord(record);
-    const std::string source(static_cast<const char*>(data.get()), size);
-    static const std::regex expected(R"(_expected_dtype = aoti_torch_dtype_(\w+)\(\))");
-    for (std::sregex_iterator it(source.begin(), source.end(), expected), end; it != end; ++it)
-      dtypes.insert((*it)[1].str());
-  }
-  return dtypes;
-}
-
-void check_graph_dtype(const fs::path& file, c10::ScalarType dtype) {
-  const auto expected = dtype_folder(dtype);
-  for (const auto& found : graph_input_dtypes(file))
-    if (found.starts_with("float") && found != expected)
-      throw FatalError(fmt::format(
-          "graph '{}' takes {} inputs, but it sits in a {} folder: the artifact's graphs are "
-          "not in the dtype their folder names (neml2-compile 3.1 --dtype float32 writes "
-          "float64 graphs), and running them on {} data would give garbage. Compile with "
-          "--dtype {} and pass {} inputs",
-          file.string(), found, expected, expected, found, found));
-}
-
-// Loader construction is not thread-safe in torch: one at a time, process-wide.
-Graph load_graph(const fs::path& leaf, const std::string& package, const c10::Device& device,
-                 c10::ScalarType dtype, std::size_t runners, const char* listed_as) {
-  if (package.empty())
-    return {};
-  const auto file = leaf / package;
-  if (!fs::is_regular_file(file))
-    throw FatalError(fmt::format("graph file '{}' (metadata.json {}) is missing; the artifact "
-                                 "is incomplete: recompile it with neml2-compile",
-                                 file.string(), listed_as));
-  static std::mutex construction;
-  std::lock_guard lock(construction);
-  register_custom_operators();
-  return detail::translate_foreign_errors(
-      fmt::format("loading '{}' for {}", file.string(), device.str()).c_str(), [&] {
-        check_graph_dtype(file, dtype);
-        return Graph{std::make_unique<Loader>(file.string(), "model",
-                                              /*run_single_threaded=*/false,
-                                              /*num_runners=*/runners, device.index()),
-                     file.string()};
-      });
 }
 
 // A bare accelerator family means the current device of that family: pin it now, so that
@@ -174,13 +94,8 @@ struct Session::Impl {
     return args;
   }
 
-  std::vector<at::Tensor> call(const Graph& graph, const std::vector<at::Tensor>& args) const {
-    try {
-      return graph.loader->run(args);
-    } catch (const std::exception& e) {
-      throw FatalError(
-          fmt::format("running '{}' on {}: {}", graph.file, torch_device.str(), e.what()));
-    }
+  static std::vector<at::Tensor> call(const Graph& graph, const std::vector<at::Tensor>& args) {
+    return graph.run(args);
   }
 
   // Value-graph outputs in master order, then the rest of what the graph returned.
@@ -211,20 +126,15 @@ struct Session::Impl {
   // A composed model: the chain runs its segments; Jacobian blocks are the `derivatives`.
   void make_chain() {
     chain = std::make_unique<detail::SegmentChain>(
-        *artifact, [this](const std::string& package, const char* listed_as) -> detail::GraphFn {
-          auto graph = std::make_shared<Graph>(
-              load_graph(leaf, package, torch_device, dtype, runners, listed_as));
-          if (!*graph)
+        *artifact,
+        [this](const std::string& package, const char* listed_as, std::size_t arguments,
+               std::size_t results) -> detail::GraphFn {
+          if (package.empty())
             return {};
-          // Graphs read their inputs as dense row-major arrays, but results of graphs can
-          // come back column-major (J2's flow direction has strides (1, B)).
-          return [this, graph](const std::vector<at::Tensor>& args) {
-            std::vector<at::Tensor> dense;
-            dense.reserve(args.size());
-            for (const auto& t : args)
-              dense.push_back(t.is_contiguous() ? t : t.contiguous());
-            return call(*graph, dense);
-          };
+          auto graph =
+              std::make_shared<Graph>(leaf, package, torch_device, dtype, runners, listed_as);
+          graph->expect_counts(arguments, results);
+          return [graph](const std::vector<at::Tensor>& args) { return graph->run(args); };
         });
     for (const auto& [o, i] : chain->jacobian_blocks()) {
       jacobian_blocks.push_back({o, i});
@@ -236,15 +146,13 @@ struct Session::Impl {
       param_jacobian_slots.push_back(
           {detail::Gather::rows,
            concat({&output_base_shapes[o], &artifact->parameters[p].base_shape})});
+    vjp_params = chain->param_vjp_params(); // the chain contracts its parameter Jacobian
+    for (std::size_t o = 0; o < output_names.size(); ++o)
+      vjp_cotangents.push_back(o);
   }
 
   // The graphs `op` needs are there (checked before anything else of a call).
   void require_operation(Operation op) const {
-    if (chain && op == Operation::param_vjp)
-      throw FatalError(fmt::format(
-          "{}: param_vjp of a composed (multi-segment or implicit) model is not supported by "
-          "neml2-dispatch yet; contract param_jacobian() with the cotangents instead",
-          artifact->root.string()));
     switch (op) {
     case Operation::jvp:
     case Operation::jacobian:
@@ -256,7 +164,8 @@ struct Session::Impl {
               "-p PARAM -d OUT:PARAM (and -d : for the chain through segments)");
       break;
     case Operation::param_vjp:
-      require(bool(param_vjp_graph), "param_vjp", "-p PARAM -d OUT:PARAM");
+      require(chain ? chain->has_param_derivatives() : bool(param_vjp_graph), "param_vjp",
+              "-p PARAM -d OUT:PARAM");
       break;
     case Operation::forward:
       break;
@@ -362,13 +271,43 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     m.param_jacobian_slots.push_back(
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
 
-  const auto load = [&](const std::string& package, const char* listed_as) {
-    return load_graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
+  // Each graph checked against what metadata.json says it takes and returns.
+  std::vector<Shape> arguments;
+  for (auto i : m.graph_inputs)
+    arguments.push_back(m.input_trailing_shapes[i]);
+  for (auto p : m.graph_params)
+    arguments.push_back(a.parameters[p].base_shape);
+  using Result = Graph::Result;
+  std::vector<Result> outputs;
+  for (auto o : m.graph_outputs)
+    outputs.push_back({m.forward_slots[o].shape, false});
+  const auto load = [&](const std::string& package, const char* listed_as,
+                        const std::vector<Shape>& takes, std::vector<Result> results) {
+    if (package.empty())
+      return Graph{};
+    Graph graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
+    graph.expect(takes, results.size());
+    graph.expect_results(std::move(results), dtype);
+    return graph;
   };
-  m.value_graph = load(seg.package, "package");
-  m.jvp_graph = load(seg.jvp_package, "jvp_package");
-  m.param_jacobian_graph = load(seg.param_jacobian_package, "param_jacobian_package");
-  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package");
+  m.value_graph = load(seg.package, "package", arguments, outputs);
+  auto jvp_results = outputs;
+  for (const auto& p : seg.jacobian_pairs) // blocks that do not vary come back with size 1
+    jvp_results.push_back(
+        {concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape}), true});
+  m.jvp_graph = load(seg.jvp_package, "jvp_package", arguments, jvp_results);
+  std::vector<Result> param_blocks;
+  for (const auto& p : seg.param_jacobian_pairs)
+    param_blocks.push_back({concat({&p.out_base_shape, &p.param_base_shape}), true});
+  m.param_jacobian_graph =
+      load(seg.param_jacobian_package, "param_jacobian_package", arguments, param_blocks);
+  auto vjp_arguments = arguments;
+  for (auto o : m.vjp_cotangents)
+    vjp_arguments.push_back(m.forward_slots[o].shape);
+  std::vector<Result> gradients;
+  for (auto p : m.vjp_params)
+    gradients.push_back({a.parameters[p].base_shape, false});
+  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, gradients);
 }
 
 Session::~Session() = default;
@@ -402,6 +341,10 @@ struct Session::Impl::Binder {
                       what, name, c10::toString(t.scalar_type()), m.leaf.string(),
                       c10::toString(dtype), c10::toString(dtype),
                       dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat : c10::kDouble)));
+    if (t.is_meta())
+      throw FatalError(fmt::format("{} '{}' is on meta, a device that holds no data: pass a "
+                                   "tensor with values, on cpu or an accelerator",
+                                   what, name));
     if (on_input_device) {
       if (required_device && t.device() != *required_device)
         throw FatalError(fmt::format("{} '{}' is on {}, but this session runs on {}: move it "

@@ -5,58 +5,13 @@
 #include <atomic>
 #include <fstream>
 
-#include "reference.hpp"
+#include "scratch.hpp"
 
 using namespace neml2;
 using test::contains;
+using test::metadata_rewriter;
+using test::Scratch;
 namespace fs = std::filesystem;
-
-namespace {
-
-// A scratch folder, removed at the end of the test.
-struct Scratch {
-  fs::path dir;
-  Scratch() {
-    static std::atomic<int> counter = 0;
-    dir = fs::temp_directory_path() /
-          ("neml2_dispatch_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
-    fs::create_directories(dir);
-  }
-  ~Scratch() { fs::remove_all(dir); }
-
-  fs::path write(const std::string& name, const std::string& text) const {
-    const auto file = dir / name;
-    fs::create_directories(file.parent_path());
-    std::ofstream(file) << text;
-    return file;
-  }
-
-  // A copy of a compiled artifact root.
-  fs::path copy_root(const std::string& artifact, const std::string& model) const {
-    const auto to = dir / model;
-    fs::copy(test::artifacts() / artifact / model, to, fs::copy_options::recursive);
-    return to;
-  }
-};
-
-std::string read(const fs::path& file) {
-  std::ifstream in(file);
-  return {std::istreambuf_iterator<char>(in), {}};
-}
-
-// Rewrites a copied root's metadata.json: one replacement at a time, from the original.
-auto metadata_rewriter(const fs::path& root) {
-  const auto meta = root / "metadata.json";
-  return [meta, original = read(meta)](const std::string& from, const std::string& to) {
-    auto text = original;
-    const auto at = text.find(from);
-    REQUIRE(at != std::string::npos);
-    text.replace(at, from.size(), to);
-    std::ofstream(meta) << text;
-  };
-}
-
-} // namespace
 
 TEST_CASE("a real artifact: variables, segment and graphs") {
   const auto root = resolve_artifact_root(test::stub("elasticity", "elasticity"), "elasticity");
@@ -255,13 +210,13 @@ TEST_CASE("implicit features not run here are refused at load, naming the featur
   const auto root = s.copy_root("scalar_backward_euler", "model");
   CHECK_NOTHROW(static_cast<void>(read_artifact(root)));
   const auto rewrite = metadata_rewriter(root);
-  const std::array<std::array<std::string, 3>, 4> refused = {{
+  const std::array<std::array<std::string, 3>, 3> refused = {{
       {"\"ls_type\": \"BACKTRACKING\",\n    \"ls_max_iters\": 1",
-       "\"ls_type\": \"STRONG_WOLFE\", \"ls_max_iters\": 5", "a 'STRONG_WOLFE' line search"},
+       "\"ls_type\": \"MORE_THUENTE\", \"ls_max_iters\": 5",
+       "a 'MORE_THUENTE' line search, which neml2-dispatch does not support yet; use "
+       "linesearch_type = BACKTRACKING or STRONG_WOLFE"},
       {"\"solver_kind\": \"direct\"", "\"solver_kind\": \"krylov\"",
        "solver_kind 'krylov', which neml2-dispatch does not support yet"},
-      {"\"max_substepping_level\": 0", "\"max_substepping_level\": 3",
-       "adaptive substepping (max_substepping_level > 0)"},
       {"\"kind\": \"implicit\"", "\"kind\": \"iterative\"", "segments[0] is a 'iterative' segment"},
   }};
   for (const auto& [from, to, message] : refused) {
@@ -269,4 +224,30 @@ TEST_CASE("implicit features not run here are refused at load, naming the featur
     rewrite(from, to);
     CHECK(contains(test::fatal_message([&] { return read_artifact(root); }), message));
   }
+}
+
+TEST_CASE("substepping and a strong-Wolfe line search load; substepping roles that do not fit "
+          "are refused") {
+  const Scratch s;
+  const auto root = s.copy_root("scalar_substepping", "model");
+  const auto rewrite = metadata_rewriter(root);
+  rewrite("\"ls_type\": \"BACKTRACKING\",\n    \"ls_max_iters\": 1",
+          "\"ls_type\": \"STRONG_WOLFE\",\n    \"ls_max_iters\": 5");
+  const auto artifact = std::make_shared<const Artifact>(read_artifact(root));
+  CHECK(artifact->solver_config->ls_type == "STRONG_WOLFE");
+  CHECK(artifact->solver_config->ls_max_iters == 5);
+  CHECK(std::get<ImplicitSegment>(artifact->segments[0]).max_substepping_level == 3);
+  const Session session(artifact, "cpu");
+  CHECK(session.solver_config().ls_type == "STRONG_WOLFE");
+
+  const auto refused = [&] {
+    return test::fatal_message(
+        [&] { return Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu"); });
+  };
+  rewrite("\"pair\": \"x\"", "\"pair\": \"y\"");
+  CHECK(contains(refused(), "given 'x~1' has substepping role 'old_state' with pair 'y', but "
+                            "the pair is not an unknown of the same size"));
+  rewrite("\"role\": \"static\"", "\"role\": \"ramp\"");
+  CHECK(contains(refused(), "given 'a' has substepping role 'ramp'; known roles are static, "
+                            "old_state, cur_force and old_force"));
 }

@@ -8,9 +8,11 @@
 #include <set>
 
 #include "model_checks.hpp"
+#include "scratch.hpp"
 
 using namespace neml2;
 using test::contains;
+namespace fs = std::filesystem;
 
 namespace {
 const auto stub = test::artifacts() / "elasticity_gpu" / "elasticity_aoti.i";
@@ -91,6 +93,19 @@ TEST_CASE("a large batch over cuda:0 with 4 chunks in flight matches the CPU") {
                      .devices = {"cuda:0"}, .batch_sizes = {1 << 14}, .capacities = {1 << 16}});
   for (int i = 0; i < 3; ++i) // staging buffers reused across calls
     test::check_close(m.forward({{"strain", x}}).at("stress"), cpu, "stress", 1e-10);
+}
+
+TEST_CASE("CUDA graphs in the cpu folder are refused at load, naming the file") {
+  const test::Scratch s;
+  const auto root = s.copy_root("elasticity_gpu", "elasticity");
+  fs::remove_all(root / "cpu" / "float64");
+  fs::create_directories(root / "cpu");
+  fs::copy(root / "cuda" / "float64", root / "cpu" / "float64", fs::copy_options::recursive);
+  const auto message = test::fatal_message([&] {
+    return Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu");
+  });
+  CHECK(contains(message, "elasticity.pt2' was compiled for cuda, but it sits in the folder of "
+                          "graphs for cpu"));
 }
 
 int main(int argc, char** argv) {

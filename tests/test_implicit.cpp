@@ -1,8 +1,16 @@
 // Implicit models: Newton per row over compiled segments, against eager NEML2 solving each
 // row on its own; results independent of the rows around them; per-row failures.
 
+#include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <limits>
+#include <optional>
+#include <sstream>
 
+#include <unistd.h>
+
+#include "../src/newton.hpp" // the Newton loop itself, for the line-search paths
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -48,7 +56,7 @@ TensorMap scalar_inputs(std::vector<double> a) {
           {"t~1", filled(0.0)}};
 }
 
-at::Tensor mask(std::initializer_list<int> values) {
+at::Tensor mask_of(std::initializer_list<int> values) {
   return at::tensor(std::vector<int>(values), at::kInt).to(at::kBool);
 }
 
@@ -61,6 +69,54 @@ void check_block(const at::Tensor& actual, const at::Tensor& expected, const std
   const auto scale = std::max(expected.abs().max().item<double>(), floor);
   const auto error = (actual - expected).abs().max().item<double>() / scale;
   CHECK_MESSAGE(error <= 1e-8, "relative error " << error);
+}
+
+// The scalar model's step x + h x^2 = x~1 + h a in closed form: the root Newton reaches
+// from x~1, or none when the step has no real root.
+std::optional<double> scalar_root(double x_old, double h, double a) {
+  const double d = 1 + 4 * h * (x_old + h * a);
+  if (d < 0)
+    return std::nullopt;
+  return (std::sqrt(d) - 1) / (2 * h);
+}
+
+// NEML2's adaptive bisection of one step in closed form: a span with no root is halved
+// (down to 2^-levels of the step), after a span converges the next is the rest of its
+// parent span. Counts the spans taken.
+std::optional<double> scalar_bisected(double x_old, double dt, double a, int levels, int& spans) {
+  const std::int64_t units = std::int64_t{1} << levels;
+  std::int64_t pos = 0, size = units;
+  int depth = 0;
+  spans = 0;
+  while (pos < units) {
+    const auto x = scalar_root(x_old, dt * static_cast<double>(size) / units, a);
+    if (!x) {
+      if (depth == levels)
+        return std::nullopt;
+      size /= 2;
+      ++depth;
+      continue;
+    }
+    x_old = *x;
+    pos += size;
+    ++spans;
+    while (depth > 0 && pos % (2 * size) == 0) {
+      size *= 2;
+      --depth;
+    }
+  }
+  return x_old;
+}
+
+// The forward outputs and the converged mask, whether the call converged everywhere or not.
+template <class Model>
+std::pair<TensorMap, at::Tensor> forward_rows(const Model& m, const TensorMap& inputs) {
+  try {
+    auto out = m.forward(inputs);
+    return {out, at::ones({inputs.begin()->second.size(0)}, at::kBool)};
+  } catch (const ConvergenceError& e) {
+    return {e.outputs(), e.converged_mask()};
+  }
 }
 
 ConvergenceError convergence_error(const std::function<void()>& f) {
@@ -214,7 +270,7 @@ TEST_CASE("per-row failure: the mask, the worst residual and the converged rows"
     const auto e = convergence_error([&] { static_cast<void>(s.forward(scalar_inputs(a))); });
     CHECK(e.recoverable());
     REQUIRE(e.per_row());
-    CHECK(at::equal(e.converged_mask(), mask({1, 0, 1, 0, 1})));
+    CHECK(at::equal(e.converged_mask(), mask_of({1, 0, 1, 0, 1})));
     CHECK(e.failed_rows() == 2);
     CHECK(std::isnan(e.worst_residual())); // one failed row was not finite
     CHECK(contains(e.what(), "2 of 5 rows"));
@@ -287,9 +343,15 @@ TEST_CASE("solver settings: read, changed, checked") {
   CHECK(contains(test::fatal_message([&] { s.set_solver_config(config); }), "miters is 0"));
   config.miters = 25;
   config.ls_max_iters = 4;
-  config.ls_type = "STRONG_WOLFE";
+  config.ls_type = "MORE_THUENTE";
   CHECK(contains(test::fatal_message([&] { s.set_solver_config(config); }),
-                 "only BACKTRACKING line search runs here"));
+                 "ls_type is 'MORE_THUENTE'; it must be BACKTRACKING or STRONG_WOLFE"));
+  config.ls_type = "STRONG_WOLFE";
+  CHECK_NOTHROW(s.set_solver_config(config));
+  config.substep_del_tol = -1;
+  CHECK(contains(test::fatal_message([&] { s.set_solver_config(config); }),
+                 "substep_del_tol is -1; it must be >= 0"));
+  config.substep_del_tol = 1e-6;
   config.ls_type = "BACKTRACKING";
   config.ls_max_iters = 1;
   config.rtol = -1;
@@ -324,8 +386,32 @@ TEST_CASE("a promoted parameter inside the residual: one stored value for every 
   const auto& x = out.at("x");
   test::check_close(P.at("x").at("residual.square.scaling"),
                     -dt * x * x / (1 + 2 * dt * scaling * x), "dx/ds", 1e-10);
-  CHECK(contains(test::fatal_message([&] { static_cast<void>(s.param_vjp(inputs, {})); }),
-                 "param_vjp of a composed (multi-segment or implicit) model is not supported"));
+
+  // param_vjp: the cotangents contracted with that Jacobian, summed over rows (the
+  // parameter is unbatched), through chunks too; a missing cotangent counts as zero.
+  const auto cotangent = at::tensor({0.3, -1.2, 0.7}, at::kDouble);
+  const auto contracted = (cotangent * P.at("x").at("residual.square.scaling")).sum();
+  const auto grads = s.param_vjp(inputs, {{"x", cotangent}});
+  REQUIRE(grads.size() == 1);
+  test::check_close(grads.at("residual.square.scaling"), contracted, "param_vjp", 1e-13);
+  test::check_close(grads.at("residual.square.scaling"),
+                    (cotangent * -dt * x * x / (1 + 2 * dt * scaling * x)).sum(),
+                    "param_vjp by hand", 1e-10);
+  CHECK(s.param_vjp(inputs, {}).at("residual.square.scaling").item<double>() == 0);
+  auto chunked = load_model(test::stub("scalar_backward_euler_params", "model"), "model",
+                            SyncChunking{.device = "cpu", .batch_size = 2});
+  chunked.set_parameter("residual.square.scaling", at::full({}, scaling, at::kDouble));
+  test::check_close(chunked.param_vjp(inputs, {{"x", cotangent}}).at("residual.square.scaling"),
+                    contracted, "chunked param_vjp", 1e-13);
+  // A row that fails spoils a sum over rows: a recoverable error, no gradient.
+  try {
+    static_cast<void>(s.param_vjp(scalar_inputs({1.0, -50.0, 2.0}), {{"x", cotangent}}));
+    FAIL("expected a ConvergenceError");
+  } catch (const ConvergenceError& e) {
+    CHECK(e.recoverable());
+    CHECK_FALSE(e.per_row());
+    CHECK(contains(e.what(), "param_vjp(): Newton did not converge for 1 of 3 rows"));
+  }
 }
 
 TEST_CASE("backtracking line search, per row: the same solutions, rows still independent") {
@@ -386,4 +472,319 @@ TEST_CASE("line search rescues a step that full Newton overshoots") {
   s.set_solver_config(config);
   const double root = (std::sqrt(1 + 4 * 10 * (0.5 + 10 * 1.0)) - 1) / (2 * 10);
   test::check_close(s.forward(inputs).at("x"), one(root), "the positive root", 1e-10);
+}
+
+TEST_CASE("substepping: rows that fail in one step converge in bisected spans, as eager NEML2") {
+  // scalar_substepping (max_substepping_level = 3) against eager NEML2 solving each span of
+  // the same bisection (it refuses to substep itself), and the closed form.
+  const test::Reference ref("scalar_substepping");
+  const auto inputs = ref.group("sub/in");
+  const auto& expected = ref["sub/out/x"];
+  const auto& spans = ref["sub/spans"];
+  for (double n : {0.0, 1.0, 2.0, 3.0, 4.0}) // one step, depths 1 to 3, and failures at 3
+    CHECK_MESSAGE((spans == n).any().item<bool>(), "no row takes " << n << " spans");
+  const auto converged = spans > 0;
+  const auto e =
+      convergence_error([&] { static_cast<void>(session("scalar_substepping").forward(inputs)); });
+  CHECK(e.recoverable());
+  CHECK(at::equal(e.converged_mask(), converged));
+  CHECK(e.failed_rows() == (~converged).sum().item<std::int64_t>());
+  const auto& x = e.outputs().at("x");
+  test::check_close(x.index({converged}), expected.index({converged}), "eager NEML2 spans", 1e-8);
+  CHECK(at::isnan(x.index({~converged})).all().item<bool>());
+
+  // The spans in closed form: the same count per row, the same root.
+  for (std::int64_t r = 0; r < x.size(0); ++r) {
+    CAPTURE(r);
+    int count = 0;
+    const auto root = scalar_bisected(inputs.at("x~1")[r].item<double>(),
+                                      (inputs.at("t")[r] - inputs.at("t~1")[r]).item<double>(),
+                                      inputs.at("a")[r].item<double>(), 3, count);
+    REQUIRE(root.has_value() == converged[r].item<bool>());
+    if (!root)
+      continue;
+    CHECK(count == spans[r].item<double>());
+    CHECK(std::abs(x[r].item<double>() - *root) <= 1e-10 * std::max(1.0, std::abs(*root)));
+  }
+}
+
+TEST_CASE("substepping off: the same rows fail; rows that converge in one step are untouched") {
+  const test::Reference ref("scalar_substepping");
+  const auto inputs = ref.group("sub/in");
+  const auto one_step = ref["sub/spans"] == 1;
+  const auto off = session("scalar_backward_euler"); // the same model, max_substepping_level 0
+  const auto e_off = convergence_error([&] { static_cast<void>(off.forward(inputs)); });
+  CHECK(at::equal(e_off.converged_mask(), one_step));
+
+  // With NEML2's gate on the relative criterion wide open, the rows that converge in one
+  // step run exactly as without substepping: the same bits, values and Jacobians.
+  auto on = session("scalar_substepping");
+  auto config = on.solver_config();
+  config.substep_del_tol = 1e300;
+  on.set_solver_config(config);
+  const auto e_on = convergence_error([&] { static_cast<void>(on.forward(inputs)); });
+  CHECK(at::equal(e_on.converged_mask() & one_step, one_step));
+  CHECK(test::identical(e_on.outputs().at("x").index({one_step}),
+                        e_off.outputs().at("x").index({one_step})));
+  TensorMap easy;
+  for (const auto& [name, value] : inputs)
+    easy.emplace(name, value.index({one_step}));
+  const auto [on_out, on_J] = on.jacobian(easy);
+  const auto [off_out, off_J] = off.jacobian(easy);
+  for (const auto& [i, block] : off_J.at("x"))
+    CHECK_MESSAGE(test::identical(on_J.at("x").at(i), block), "dx/d" << i);
+}
+
+TEST_CASE("substep_del_tol: with substepping on, the relative criterion needs a small update") {
+  // rtol = 0.5 is met after one update. Without substepping that ends the solve; with it
+  // (NEML2's rule, seen in its runtime) the update must also be below
+  // substep_del_tol (||u|| + atol), so Newton goes on to the root.
+  const std::vector<double> a = {1.0, -12.0};
+  auto off = session("scalar_backward_euler");
+  auto on = session("scalar_substepping");
+  for (auto* s : {&off, &on}) {
+    auto config = s->solver_config();
+    config.rtol = 0.5;
+    s->set_solver_config(config);
+  }
+  const double dt = 0.1, x_old = 0.5;
+  const auto root =
+      (at::sqrt(1 + 4 * dt * (x_old + dt * at::tensor(a, at::kDouble))) - 1) / (2 * dt);
+  const auto x_off = off.forward(scalar_inputs(a)).at("x");
+  test::check_close(on.forward(scalar_inputs(a)).at("x"), root, "gated", 1e-10);
+  CHECK((x_off - root).abs().min().item<double>() > 1e-4); // stopped after one update
+
+  auto config = on.solver_config();
+  config.substep_del_tol = 1e300;
+  on.set_solver_config(config);
+  CHECK(test::identical(on.forward(scalar_inputs(a)).at("x"), x_off));
+}
+
+TEST_CASE("substepped rows do not depend on the rows beside them") {
+  const test::Reference ref("scalar_substepping");
+  const auto inputs = ref.group("sub/in");
+  const auto converged = ref["sub/spans"] > 0;
+  const auto [whole, whole_mask] = forward_rows(session("scalar_substepping"), inputs);
+  REQUIRE(at::equal(whole_mask, converged));
+  for (std::int64_t rows : {1, 5, 7}) {
+    CAPTURE(rows);
+    const auto m = load_model(test::stub("scalar_substepping", "model"), "model",
+                              SyncChunking{.device = "cpu", .batch_size = rows});
+    const auto [out, mask] = forward_rows(m, inputs);
+    CHECK(at::equal(mask, converged));
+    test::check_close(out.at("x").index({converged}), whole.at("x").index({converged}), "chunked",
+                      1e-13);
+  }
+  // The asynchronous pool: chunks of 5 on a worker, failures merged into one mask.
+  const auto pooled = load_model(test::stub("scalar_substepping", "model"), "model",
+                                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {5}});
+  const auto [pooled_out, pooled_mask] = forward_rows(pooled, inputs);
+  CHECK(at::equal(pooled_mask, converged));
+  test::check_close(pooled_out.at("x").index({converged}), whole.at("x").index({converged}),
+                    "pooled", 1e-13);
+  // The deepest row alone, and beside a row that fails.
+  const auto deepest = (ref["sub/spans"] == 4).nonzero()[0][0].item<std::int64_t>();
+  const auto failing = (~converged).nonzero()[0][0].item<std::int64_t>();
+  const auto s = session("scalar_substepping");
+  const auto alone = s.forward(rows_of(inputs, at::tensor({deepest}, at::kLong))).at("x");
+  const auto [beside, mask] =
+      forward_rows(s, rows_of(inputs, at::tensor({failing, deepest}, at::kLong)));
+  CHECK(at::equal(mask, mask_of({0, 1})));
+  test::check_close(alone, whole.at("x").narrow(0, deepest, 1), "alone", 1e-13);
+  test::check_close(beside.at("x").narrow(0, 1, 1), alone, "beside a failing row", 1e-13);
+}
+
+TEST_CASE("Jacobians of substepped rows: chained through the spans, against finite differences") {
+  const test::Reference ref("scalar_substepping");
+  const auto all = ref.group("sub/in");
+  const auto substepped = ref["sub/spans"] > 1;
+  TensorMap inputs;
+  for (const auto& [name, value] : all)
+    inputs.emplace(name, value.index({substepped}));
+  const auto s = session("scalar_substepping");
+  const auto [out, J] = s.jacobian(inputs);
+  test::check_close(out.at("x"), ref["sub/out/x"].index({substepped}), "outputs", 1e-8);
+  for (const auto& name : {"a", "x~1", "t", "t~1"}) {
+    CAPTURE(name);
+    const auto h = 1e-6;
+    auto plus = inputs, minus = inputs;
+    plus[name] = inputs.at(name) + h;
+    minus[name] = inputs.at(name) - h;
+    const auto fd = (s.forward(plus).at("x") - s.forward(minus).at("x")) / (2 * h);
+    test::check_close(J.at("x").at(name), fd, std::string("dx/d") + name, 1e-6);
+  }
+  // The initial guess moves nothing.
+  CHECK(J.at("x").at("x").abs().max().item<double>() == 0);
+  // jvp: the same blocks, contracted.
+  TensorMap tangents;
+  auto expected = at::zeros_like(out.at("x"));
+  for (const auto& [name, value] : inputs) {
+    tangents.emplace(name, at::rand_like(value) - 0.5);
+    expected += J.at("x").at(name) * tangents.at(name);
+  }
+  test::check_close(s.jvp(inputs, tangents).second.at("x"), expected, "jvp", 1e-12);
+}
+
+TEST_CASE("line searches as eager NEML2's: which rows converge, and to which root") {
+  // x + dt x^2 = x~1 + dt a with dt = 10 from guesses around the turning point x = -0.05,
+  // where full Newton steps overshoot: the line search decides which rows converge within
+  // miters and to which root. Each case's settings are stored with its reference.
+  const test::Reference ref("scalar_backward_euler");
+  std::map<std::string, at::Tensor> masks;
+  for (const std::string c :
+       {"ls_none", "ls_backtracking", "ls_strong_wolfe", "ls_strong_wolfe_short"}) {
+    CAPTURE(c);
+    const auto settings = ref[c + "/config"];
+    auto s = session("scalar_backward_euler");
+    auto config = s.solver_config();
+    config.miters = settings[0].item<std::int64_t>();
+    config.ls_max_iters = settings[1].item<std::int64_t>();
+    config.ls_cutback = settings[2].item<double>();
+    config.ls_c = settings[3].item<double>();
+    config.ls_type = contains(c, "strong_wolfe") ? "STRONG_WOLFE" : "BACKTRACKING";
+    s.set_solver_config(config);
+    const auto& expected = ref[c + "/out/x"];
+    const auto converged = at::isfinite(expected);
+    const auto [out, mask] = forward_rows(s, ref.group(c + "/in"));
+    CHECK(at::equal(mask, converged));
+    if (converged.any().item<bool>())
+      test::check_close(out.at("x").index({converged}), expected.index({converged}), "roots", 1e-8);
+    masks[c] = converged;
+  }
+  // The settings matter here: without a line search every row fails; with one most rows
+  // converge, to both roots; two evaluations per step (ls_max_iters = 3) lose a band.
+  CHECK_FALSE(masks["ls_none"].any().item<bool>());
+  CHECK(masks["ls_strong_wolfe"].sum().item<std::int64_t>() >
+        masks["ls_strong_wolfe_short"].sum().item<std::int64_t>());
+  const auto roots = ref["ls_strong_wolfe/out/x"].index({masks["ls_strong_wolfe"]});
+  CHECK(((roots > 0).any() & (roots < 0).any()).item<bool>());
+}
+
+TEST_CASE("line search: every trial point where NEML2's own Newton loop puts it") {
+  // r(u) = atan(u), one row at a time, through detail::newton_solve with graphs written
+  // here, against NEML2's newton_solve_eager (the loop its eager models and its runtime
+  // share) on the same function: every residual evaluation of the line search, in order.
+  const test::Reference ref("scalar_backward_euler");
+  const auto& starts = ref["newton/starts"];
+  for (const std::string c : {"bt", "sw", "bt_short", "sw_steep", "bt_steep", "sw_atol"}) {
+    CAPTURE(c);
+    const auto settings = ref["newton/" + c + "/config"];
+    SolverConfig config;
+    config.atol = settings[0].item<double>();
+    config.miters = settings[1].item<std::int64_t>();
+    config.ls_max_iters = settings[2].item<std::int64_t>();
+    config.ls_cutback = settings[3].item<double>();
+    config.ls_c = settings[4].item<double>();
+    config.ls_type = settings[5].item<double>() != 0 ? "STRONG_WOLFE" : "BACKTRACKING";
+    for (std::int64_t k = 0; k < starts.size(0); ++k) {
+      CAPTURE(k);
+      std::vector<double> trials;
+      neml2::detail::NewtonGraphs graphs;
+      graphs.residual = [&](const std::vector<at::Tensor>& args) {
+        trials.push_back(args[0].item<double>());
+        return std::vector<at::Tensor>{-at::atan(args[0])};
+      };
+      // "A" = 1 + u^2 = (dr/du)^-1 and du = b A: NEML2's step, operation for operation.
+      graphs.jacobian = [](const std::vector<at::Tensor>& args) {
+        const auto& u = args[0];
+        return std::vector<at::Tensor>{(1 + u * u).reshape({-1, 1, 1}), -at::atan(u)};
+      };
+      graphs.solve = [](const std::vector<at::Tensor>& ops) {
+        return std::vector<at::Tensor>{ops[1] * ops[0].reshape({-1, 1})};
+      };
+      graphs.a_blocks = 1;
+      const auto result = neml2::detail::newton_solve(
+          graphs, {at::full({1, 1}, starts[k].item<double>(), at::kDouble)}, {}, {}, config);
+      const auto expected = ref["newton/" + c + "/" + std::to_string(k) + "/trials"];
+      REQUIRE(static_cast<std::int64_t>(trials.size()) == expected.numel());
+      for (std::size_t i = 0; i < trials.size(); ++i) {
+        const auto e = expected[static_cast<std::int64_t>(i)].item<double>();
+        // Equal, or both past overflow (a diverging row reaches inf, then NaN).
+        const bool same = trials[i] == e || (std::isnan(trials[i]) && std::isnan(e)) ||
+                          std::abs(trials[i] - e) <= 1e-12 * std::max(1.0, std::abs(e));
+        CHECK_MESSAGE(same, "trial " << i << ": " << trials[i] << " vs NEML2's " << e);
+      }
+      const auto end = ref["newton/" + c + "/" + std::to_string(k) + "/u"].item<double>();
+      CHECK(result.converged.item<bool>() == !std::isnan(end));
+      if (!std::isnan(end))
+        CHECK(std::abs(result.u[0].item<double>() - end) <= 1e-12);
+    }
+  }
+}
+
+TEST_CASE("substepping bisects recursively: after a deep left half, the right half is whole") {
+  // u^2 = q with q = 1 - 5 (f - f~1) while f~1 < 1/2 and 1 - (f - f~1) after (no root when
+  // q < 0), f ramped from f~1 = 0 to f = 1, down to depth 3: the start needs spans of 1/8,
+  // then [1/4, 1/2] fails and takes two more, and [1/2, 1] converges whole. A driver that
+  // went on in eighths would end with q = 7/8 instead of 1/2.
+  std::vector<std::pair<double, double>> spans; // (f~1, f) of every try, in order
+  neml2::detail::NewtonGraphs graphs;
+  const auto q = [](const at::Tensor& g) {
+    const auto f = g.select(1, 0), f_old = g.select(1, 1);
+    return 1 - at::where(f_old < 0.5, 5.0, 1.0) * (f - f_old);
+  };
+  graphs.residual = [&](const std::vector<at::Tensor>& args) {
+    return std::vector<at::Tensor>{
+        (q(args[1]) - args[0].squeeze(1) * args[0].squeeze(1)).unsqueeze(1)};
+  };
+  graphs.jacobian = [&](const std::vector<at::Tensor>& args) {
+    const std::pair span{args[1][0][1].item<double>(), args[1][0][0].item<double>()};
+    if (spans.empty() || spans.back() != span)
+      spans.push_back(span);
+    const auto& u = args[0];
+    return std::vector<at::Tensor>{(2 * u).reshape({-1, 1, 1}), q(args[1]).unsqueeze(1) - u * u};
+  };
+  graphs.solve = [](const std::vector<at::Tensor>& ops) {
+    return std::vector<at::Tensor>{ops[1] / ops[0].reshape({-1, 1})};
+  };
+  graphs.a_blocks = 1;
+  neml2::detail::SubstepPlan plan;
+  plan.max_level = 3;
+  plan.ramps.push_back({{0, 0, 1}, {0, 1, 1}});
+  const auto givens = at::tensor({1.0, 0.0}, at::kDouble).reshape({1, 2});
+  const auto result = neml2::detail::solve_with_substeps(graphs, {at::ones({1, 1}, at::kDouble)},
+                                                         {givens}, {}, SolverConfig{}, plan);
+  const std::vector<std::pair<double, double>> expected = {
+      {0, 1},      {0, 0.5},      {0, 0.25},    {0, 0.125}, {0.125, 0.25},
+      {0.25, 0.5}, {0.25, 0.375}, {0.375, 0.5}, {0.5, 1}};
+  CHECK(spans == expected);
+  REQUIRE(result.converged.item<bool>());
+  CHECK(std::abs(result.u[0].item<double>() - std::sqrt(0.5)) <= 1e-12);
+}
+
+TEST_CASE("parameter derivatives of substepped rows: chained through the spans") {
+  // neml2-compile writes the same graphs whatever max_substepping_level is (only that field
+  // differs: scalar_substepping against scalar_backward_euler), so the parameter artifact
+  // with the field set to 3 is what compiling it with substepping would give.
+  namespace fs = std::filesystem;
+  const auto root =
+      fs::temp_directory_path() / ("neml2_dispatch_substep_params_" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  fs::copy(test::artifacts() / "scalar_backward_euler_params" / "model", root,
+           fs::copy_options::recursive);
+  std::stringstream text;
+  text << std::ifstream(root / "metadata.json").rdbuf();
+  auto metadata = text.str();
+  const std::string from = "\"max_substepping_level\": 0";
+  REQUIRE(metadata.find(from) != std::string::npos);
+  metadata.replace(metadata.find(from), from.size(), "\"max_substepping_level\": 3");
+  std::ofstream(root / "metadata.json") << metadata;
+  auto s = Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu");
+
+  // The substepped rows of the reference cases; scaling = 1 is the compiled model's.
+  const test::Reference ref("scalar_substepping");
+  const auto substepped = ref["sub/spans"] > 1;
+  TensorMap inputs;
+  for (const auto& [name, value] : ref.group("sub/in"))
+    inputs.emplace(name, value.index({substepped}));
+  const auto [out, P] = s.param_jacobian(inputs);
+  test::check_close(out.at("x"), ref["sub/out/x"].index({substepped}), "outputs", 1e-8);
+  const double h = 1e-6;
+  s.set_parameter("residual.square.scaling", at::full({}, 1 + h, at::kDouble));
+  const auto plus = s.forward(inputs).at("x");
+  s.set_parameter("residual.square.scaling", at::full({}, 1 - h, at::kDouble));
+  const auto minus = s.forward(inputs).at("x");
+  test::check_close(P.at("x").at("residual.square.scaling"), (plus - minus) / (2 * h), "dx/ds",
+                    1e-6);
+  fs::remove_all(root);
 }

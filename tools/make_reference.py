@@ -25,6 +25,34 @@ loads range from elastic to far past yield. Each row is solved by eager NEML2 on
 (batch 1), so its Newton iterations are its own, as they are in a per-row solver:
 
   s<n>/in/<x>, s<n>/out/<y>, s<n>/jac/<y>/<x>   step n = 0, 1, ...
+
+    make_reference.py INPUT.i --model NAME --out DIR --line-search
+
+For the scalar backward-Euler model (x + dt x^2 = x~1 + dt a, dt = 10, from initial
+guesses around the turning point x = -1/(2 dt), where full Newton steps overshoot): each
+row solved on its own by eager NEML2 with each line search of LINE_SEARCHES, its
+settings stored beside it; a row that fails is NaN:
+
+  <case>/in/<x>, <case>/out/<y>, <case>/config   config: miters, ls_max_iters, cutback, c
+
+and NEML2's own Newton loop (neml2.aoti newton_solve_eager, which eager NEML2 and its
+runtime share) on r(u) = atan(u) from each start of NEWTON_STARTS, one row at a time, with
+each setting of NEWTON_PATHS, recording every residual evaluation after the first (the
+line-search trial points) and the end:
+
+  newton/starts, newton/<case>/config   atol, miters, ls_max_iters, cutback, c, strong
+                                        Wolfe (1) or not
+  newton/<case>/<start>/trials, newton/<case>/<start>/u (NaN if it failed)
+
+    make_reference.py INPUT.i --model NAME --out DIR --substeps
+
+For an implicit model compiled with max_substepping_level = L (eager NEML2 refuses to
+substep): each row's step solved by eager NEML2 with substepping off, driven by NEML2's
+adaptive bisection written out here (a span that fails is halved, down to 2^-L of the step;
+after a span converges the next is the rest of its parent span), forces ramped from their
+`~1` value, old states chained from span to span. A row failing at depth L is NaN:
+
+  sub/in/<x>, sub/out/<y>, sub/spans (the number of spans each row took; 0 if it failed)
 """
 
 import argparse
@@ -191,6 +219,192 @@ def history_case(store, model, steps, derivatives):
             store.put(f"{case}/jac/{out}/{inp}", torch.cat(parts))
 
 
+# name -> (NEML2 linesearch_type or None, miters, max_linesearch_iterations, cutback, c)
+LINE_SEARCHES = {
+    "ls_none": (None, 6, 1, 2.0, 1e-3),
+    "ls_backtracking": ("BACKTRACKING", 6, 20, 2.0, 0.3),
+    "ls_strong_wolfe": ("STRONG_WOLFE", 6, 20, 2.0, 0.3),
+    "ls_strong_wolfe_short": ("STRONG_WOLFE", 6, 3, 3.0, 0.5),
+}
+
+
+def solve_rows(model, inputs):
+    """Each row on its own (its own Newton iterations); NaN where eager NEML2 fails."""
+    rows = next(iter(inputs.values())).shape[0]
+    results = {}
+    for r in range(rows):
+        row = {n: v[r : r + 1] for n, v in inputs.items()}
+        try:
+            out = {n: raw(v).detach() for n, v in model.call_by_name(row).items()}
+        except neml2.solvers.ConvergenceError:
+            out = {n: torch.full((1, *typ.BASE_SHAPE), float("nan"))
+                   for n, typ in model.output_spec.items()}
+        for n, v in out.items():
+            results.setdefault(n, []).append(v)
+    return {n: torch.cat(parts) for n, parts in results.items()}
+
+
+def line_search_cases(store, model):
+    from neml2.solvers import DenseLU, Newton, NewtonWithLineSearch
+
+    guesses = torch.linspace(-0.3, 0.1, 41)
+    rows = guesses.shape[0]
+    inputs = {"x": guesses, "a": torch.ones(rows), "x~1": torch.full((rows,), 0.5),
+              "t": torch.full((rows,), 10.0), "t~1": torch.zeros(rows)}
+    for case, (ls_type, miters, ls_iters, cutback, c) in LINE_SEARCHES.items():
+        if ls_type is None:
+            model.solver = Newton(linear_solver=DenseLU(), miters=miters)
+        else:
+            model.solver = NewtonWithLineSearch(
+                linear_solver=DenseLU(), miters=miters, linesearch_type=ls_type,
+                max_linesearch_iterations=ls_iters, linesearch_cutback=cutback,
+                linesearch_stopping_criteria=c)
+        store.put(f"{case}/config", torch.tensor([miters, ls_iters, cutback, c]))
+        for name, v in inputs.items():
+            store.put(f"{case}/in/{name}", v)
+        for name, v in solve_rows(model, inputs).items():
+            store.put(f"{case}/out/{name}", v)
+
+
+# name -> (ls_type, atol, miters, ls_max_iters, cutback, c)
+NEWTON_PATHS = {
+    "bt": ("BACKTRACKING", 1e-10, 30, 10, 2.0, 1e-3),
+    "sw": ("STRONG_WOLFE", 1e-10, 30, 10, 2.0, 1e-3),
+    "bt_short": ("BACKTRACKING", 1e-10, 8, 3, 2.0, 1e-3),
+    "sw_steep": ("STRONG_WOLFE", 1e-10, 30, 6, 3.0, 0.5),
+    "bt_steep": ("BACKTRACKING", 1e-10, 30, 6, 3.0, 0.5),
+    "sw_atol": ("STRONG_WOLFE", 1e-3, 30, 4, 2.0, 2.0),
+}
+NEWTON_STARTS = [20.0, 3.0, 1.5, -2.0, 0.5, 0.1]
+
+
+def newton_paths(store):
+    from neml2.aoti._aoti import newton_solve_eager
+
+    store.put("newton/starts", torch.tensor(NEWTON_STARTS))
+    for case, (ls_type, atol, miters, ls_iters, cutback, c) in NEWTON_PATHS.items():
+        store.put(f"newton/{case}/config",
+                  torch.tensor([atol, miters, ls_iters, cutback, c, ls_type == "STRONG_WOLFE"]))
+        for k, start in enumerate(NEWTON_STARTS):
+            trials = []
+
+            def residual_fn(u):
+                trials.append(u[0].flatten().clone())
+                return [-torch.atan(u[0])]
+
+            def step_fn(u):
+                b = -torch.atan(u[0])
+                return [b * (1 + u[0] * u[0])], [b]
+
+            try:
+                u, converged, _, _ = newton_solve_eager(
+                    residual_fn=residual_fn, step_fn=step_fn, unknown_layout=[("dense", [])],
+                    residual_layout=[("dense", [])], u0=[torch.tensor([[start]])], atol=atol,
+                    rtol=1e-8, miters=miters, ls_type=ls_type, ls_max_iters=ls_iters,
+                    ls_cutback=cutback, ls_c=c)
+                end = u[0].flatten() if converged else torch.tensor([float("nan")])
+            except neml2.solvers.ConvergenceError:
+                end = torch.tensor([float("nan")])
+            store.put(f"newton/{case}/{k}/trials", torch.cat(trials[1:]) if len(trials) > 1
+                      else torch.zeros(0))
+            store.put(f"newton/{case}/{k}/u", end)
+
+
+def substep_roles(model):
+    """NEML2's substepping roles by name: u~1 of an output chains (old state), f~1 of an
+    input and that input ramp over the step (old / current force), the rest stay."""
+    inputs, outputs = list(model.input_spec), set(model.output_spec)
+    roles = {}
+    for name in inputs:
+        base = name[:-2] if name.endswith("~1") else name
+        if name.endswith("~1") and base in outputs:
+            roles[name] = ("old_state", base)
+        elif name.endswith("~1") and base in inputs:
+            roles[name] = ("old_force", base)
+        elif name in outputs:
+            roles[name] = ("guess", None)
+        elif base + "~1" in inputs:
+            roles[name] = ("cur_force", base + "~1")
+        else:
+            roles[name] = ("static", None)
+    return roles
+
+
+def substep_cases(store, model):
+    from neml2.models.common.ImplicitUpdate import ImplicitUpdate
+
+    levels = [m.max_substepping_level for m in model.modules() if isinstance(m, ImplicitUpdate)]
+    if not levels or max(levels) <= 0:
+        sys.exit("--substeps needs a model with an ImplicitUpdate with max_substepping_level > 0")
+    depth_max = max(levels)
+    for m in model.modules():  # eager NEML2 refuses to substep: the spans are driven here
+        if isinstance(m, ImplicitUpdate):
+            m.max_substepping_level = 0
+    roles = substep_roles(model)
+
+    # The scalar model: a from converging in one step to failing at every depth, from two
+    # old states, with and without a time offset (so t~1 ramps too).
+    a = torch.tensor([1.0, -12.0, -45.0, -50.0, -55.0, -60.0, -70.0, -80.0, -90.0, -100.0,
+                      -150.0, -1000.0])
+    cases = [(ai, x_old, t_old) for ai in a.tolist() for x_old in (0.5, 1.0) for t_old in (0.0, 0.3)]
+    inputs = {"a": torch.tensor([c[0] for c in cases]), "x~1": torch.tensor([c[1] for c in cases]),
+              "t~1": torch.tensor([c[2] for c in cases])}
+    inputs["t"] = inputs["t~1"] + 0.1
+    inputs["x"] = inputs["x~1"].clone()  # the initial guess
+    rows = len(cases)
+    units = 2**depth_max
+
+    outputs, spans = {}, []
+    for r in range(rows):
+        full = {n: v[r : r + 1] for n, v in inputs.items()}
+        state = dict(full)  # old states and the guess carried from span to span
+        pos, size, depth, count, failed = 0, units // 2, 1, 0, False
+        attempt = {n: full[n] for n in full}
+        try:  # the whole step first
+            solution = {n: raw(v).detach() for n, v in model.call_by_name(attempt).items()}
+            pos, count = units, 1
+        except neml2.solvers.ConvergenceError:
+            solution = None
+        while pos < units:
+            begin, end = pos / units, (pos + size) / units
+            attempt = {}
+            for n, (role, pair) in roles.items():
+                if role == "cur_force":
+                    attempt[n] = torch.lerp(full[pair], full[n], end)
+                elif role == "old_force":
+                    attempt[n] = torch.lerp(full[n], full[pair], begin)
+                else:
+                    attempt[n] = state[n]
+            try:
+                solution = {n: raw(v).detach() for n, v in model.call_by_name(attempt).items()}
+            except neml2.solvers.ConvergenceError:
+                if depth == depth_max:
+                    failed = True
+                    break
+                size, depth = size // 2, depth + 1
+                continue
+            for n, (role, pair) in roles.items():
+                if role == "old_state":
+                    state[n] = solution[pair]
+                elif role == "guess":
+                    state[n] = solution[n]
+            pos, count = pos + size, count + 1
+            while depth > 0 and pos % (2 * size) == 0:
+                size, depth = size * 2, depth - 1
+        if failed:
+            solution = {n: torch.full((1, *typ.BASE_SHAPE), float("nan"))
+                        for n, typ in model.output_spec.items()}
+            count = 0
+        for n, v in solution.items():
+            outputs.setdefault(n, []).append(v)
+        spans.append(count)
+    for name, v in inputs.items():
+        store.put(f"sub/in/{name}", v)
+    for name, parts in outputs.items():
+        store.put(f"sub/out/{name}", torch.cat(parts))
+    store.put("sub/spans", torch.tensor(spans, dtype=torch.float64))
+
+
 def main():
     global STRAIN_PER_STEP
     parser = argparse.ArgumentParser()
@@ -208,6 +422,10 @@ def main():
                         help="a load history of STEPS steps (implicit models)")
     parser.add_argument("--strain-per-step", type=float, default=STRAIN_PER_STEP,
                         help="the largest strain increment of a --history")
+    parser.add_argument("--line-search", action="store_true",
+                        help="the line-search cases (the scalar backward-Euler model)")
+    parser.add_argument("--substeps", action="store_true",
+                        help="the substepping cases (the scalar model, substepping on)")
     args = parser.parse_args()
 
     for spec in args.sub_batch:
@@ -218,9 +436,15 @@ def main():
     model = neml2.load_model(args.input, args.model)
     store = Store()
 
-    if args.history:
+    if args.history or args.line_search or args.substeps:
         STRAIN_PER_STEP = args.strain_per_step
-        history_case(store, model, args.history, args.derivatives)
+        if args.history:
+            history_case(store, model, args.history, args.derivatives)
+        if args.substeps:
+            substep_cases(store, model)
+        if args.line_search:
+            line_search_cases(store, model)
+            newton_paths(store)
         store.write(Path(args.out))
         return 0
 

@@ -123,8 +123,10 @@ struct ImplicitSegment {
 using Segment = std::variant<ForwardSegment, ImplicitSegment>;
 
 /// The Newton settings of an implicit model (metadata.json `solver_config`), with NEML2's
-/// meanings: converged when ||r|| < atol or ||r|| / ||r0|| < rtol; `miters = N` allows N - 1
-/// updates; line search only when `ls_max_iters > 1`.
+/// meanings: converged when ||r|| < atol or ||r|| / ||r0|| < rtol (and, while substepping,
+/// the last update below `substep_del_tol` (||u|| + atol) for the relative test);
+/// `miters = N` allows N - 1 updates; `ls_max_iters = N` tries at most N - 1 steps of the
+/// line search (so it searches only from N = 3).
 struct SolverConfig {
   double atol = 1e-10;
   double rtol = 1e-8;

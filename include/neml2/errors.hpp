@@ -10,6 +10,7 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -24,22 +25,27 @@ namespace neml2 {
 /// @endcode
 class Exception : public std::runtime_error {
 public:
-  Exception(const std::string& message, bool recoverable)
+  Exception(const std::string& message, bool recoverable, std::string details = {})
       : std::runtime_error(message)
-      , _recoverable(recoverable) {}
+      , _recoverable(recoverable)
+      , _details(std::move(details)) {}
 
   /// True when retrying with different inputs (a smaller step) can succeed.
   [[nodiscard]] bool recoverable() const noexcept { return _recoverable; }
+  /// The full text of the foreign error this one translates (torch's, with its
+  /// backtrace); empty when there was none. what() keeps only its first lines.
+  [[nodiscard]] const std::string& details() const noexcept { return _details; }
 
 private:
   bool _recoverable;
+  std::string _details;
 };
 
 /// @brief A retry would fail the same way: bad input, malformed artifact, foreign error.
 class FatalError : public Exception {
 public:
-  explicit FatalError(const std::string& message)
-      : Exception(message, false) {}
+  explicit FatalError(const std::string& message, std::string details = {})
+      : Exception(message, false, std::move(details)) {}
 };
 
 /// @brief A nonlinear solve diverged or hit its iteration cap: cut the step and retry.
@@ -138,22 +144,45 @@ private:
 };
 
 namespace detail {
-/// `error` as one of ours: a foreign one becomes a FatalError that keeps its message,
-/// prefixed by what was being done.
+/// The first meaningful lines of a foreign error's text: torch appends a C++ backtrace
+/// ("Exception raised from ...", "frame #0: ...") that tells a user nothing.
+inline std::string first_lines(std::string_view text, std::size_t max_lines = 4) {
+  std::string kept;
+  std::size_t lines = 0;
+  while (!text.empty() && lines < max_lines) {
+    const auto end = text.find('\n');
+    const auto line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
+    if (line.starts_with("Exception raised from") || line.starts_with("frame #"))
+      break;
+    if (line.find_first_not_of(" \t\r") == std::string_view::npos)
+      continue;
+    kept += (lines++ ? " | " : "") + std::string(line.substr(0, 400));
+  }
+  return kept.empty() ? "(no message)" : kept;
+}
+
+/// A foreign error as a FatalError: what was being done, the error's first lines; the
+/// full text in details().
+inline FatalError foreign(const std::string& doing, const std::exception& e) {
+  return FatalError(doing + ": " + first_lines(e.what()), e.what());
+}
+
+/// `error` as one of ours: a foreign one becomes a FatalError (see foreign()).
 inline std::exception_ptr as_library_error(std::exception_ptr error, const std::string& doing) {
   try {
     std::rethrow_exception(error);
   } catch (const Exception&) {
     return error;
   } catch (const std::exception& e) {
-    return std::make_exception_ptr(FatalError(doing + ": " + e.what()));
+    return std::make_exception_ptr(foreign(doing, e));
   } catch (...) {
     return std::make_exception_ptr(FatalError(doing + ": unknown non-standard exception"));
   }
 }
 
 /// Runs f; anything foreign (torch's c10::Error, std::bad_alloc, ...) leaves as a
-/// FatalError that keeps the original message, prefixed by what was being done.
+/// FatalError (see foreign()).
 template <class F>
 decltype(auto) translate_foreign_errors(const char* doing, F&& f) {
   try {
@@ -161,7 +190,7 @@ decltype(auto) translate_foreign_errors(const char* doing, F&& f) {
   } catch (const Exception&) {
     throw;
   } catch (const std::exception& e) {
-    throw FatalError(std::string(doing) + ": " + e.what());
+    throw foreign(doing, e);
   } catch (...) {
     throw FatalError(std::string(doing) + ": unknown non-standard exception");
   }

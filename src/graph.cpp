@@ -1,0 +1,474 @@
+// Loading one compiled graph and checking it: against its own file name, against what
+// metadata.json implies, and on every call.
+
+#include "graph.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <regex>
+
+#include <ATen/ATen.h>
+#include <caffe2/serialize/inline_container.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/library.h>
+
+#include <neml2/detail/chunking.hpp>
+#include <neml2/errors.hpp>
+
+namespace fs = std::filesystem;
+
+namespace neml2::detail {
+namespace {
+
+// Some artifacts call neml2::opaque_pow (a pow hidden from Inductor's fusion).
+void register_custom_operators() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    if (c10::Dispatcher::singleton().findSchema({"neml2::opaque_pow", ""}).has_value())
+      return;
+    static torch::Library library(torch::Library::FRAGMENT, "neml2", std::nullopt, __FILE__,
+                                  __LINE__);
+    library.def(
+        "opaque_pow(Tensor base, Tensor exponent) -> Tensor",
+        [](const at::Tensor& base, const at::Tensor& exponent) { return at::pow(base, exponent); });
+  });
+}
+
+[[noreturn]] void not_a_package(const fs::path& file, const std::string& why) {
+  throw FatalError(fmt::format("graph file '{}' is not a compiled graph neml2-dispatch can use "
+                               "({}); the artifact is damaged or incomplete: recompile it with "
+                               "neml2-compile",
+                               file.string(), why));
+}
+
+// The folder every record of a PyTorch archive sits in, from the name of the zip's first
+// local file header (the same record PyTorch takes the archive's name from).
+std::string archive_name(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::array<unsigned char, 30> header{};
+  if (!in.read(reinterpret_cast<char*>(header.data()), header.size()))
+    not_a_package(file, "shorter than a zip header");
+  if (header[0] != 'P' || header[1] != 'K' || header[2] != 3 || header[3] != 4)
+    not_a_package(file, "not a zip archive");
+  const auto name_length = std::size_t(header[26]) | std::size_t(header[27]) << 8;
+  std::string name(name_length, '\0');
+  if (!in.read(name.data(), static_cast<std::streamsize>(name_length)))
+    not_a_package(file, "truncated zip header");
+  const auto slash = name.find('/');
+  if (slash == std::string::npos || slash == 0)
+    not_a_package(file, "its records are not in one folder");
+  return name.substr(0, slash);
+}
+
+std::uint32_t crc32(const unsigned char* data, std::size_t size) {
+  static const auto table = [] {
+    std::array<std::uint32_t, 256> t{};
+    for (std::uint32_t i = 0; i < 256; ++i) {
+      auto c = i;
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+      t[i] = c;
+    }
+    return t;
+  }();
+  std::uint32_t c = 0xFFFFFFFFu;
+  for (std::size_t i = 0; i < size; ++i)
+    c = table[(c ^ data[i]) & 0xFF] ^ (c >> 8);
+  return c ^ 0xFFFFFFFFu;
+}
+
+// Every record of the package against the CRC-32 its zip directory stores: the loader
+// does not check them, and a damaged shared library inside would run (SIGILL, SIGSEGV).
+void check_records(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+  const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
+  const auto size = bytes.size();
+  const auto u16 = [&](std::size_t at) {
+    return at + 2 <= size ? std::uint32_t(data[at]) | std::uint32_t(data[at + 1]) << 8 : 0u;
+  };
+  const auto u32 = [&](std::size_t at) { return u16(at) | u16(at + 2) << 16; };
+  const auto damaged = [&](const std::string& why) { not_a_package(file, why); };
+  // The end-of-central-directory record: 22 bytes plus a comment of at most 64 KiB.
+  std::size_t end = std::string::npos;
+  for (std::size_t at = size >= 22 ? size - 22 : 0; size >= 22; --at) {
+    if (u32(at) == 0x06054b50u) {
+      end = at;
+      break;
+    }
+    if (at == 0 || size - at > 22 + 0xFFFF)
+      break;
+  }
+  if (end == std::string::npos)
+    damaged("no zip directory at its end: truncated");
+  const auto entries = u16(end + 10);
+  std::size_t at = u32(end + 16);
+  if (at == 0xFFFFFFFFu || entries == 0xFFFFu)
+    return; // zip64: larger than any graph neml2-compile writes; the loader reads it alone
+  for (std::uint32_t e = 0; e < entries; ++e) {
+    if (u32(at) != 0x02014b50u)
+      damaged(fmt::format("zip directory entry {} is damaged", e));
+    const auto method = u16(at + 10);
+    const auto crc = u32(at + 16);
+    const std::size_t stored = u32(at + 20);
+    const std::size_t local = u32(at + 42);
+    const auto name_length = u16(at + 28);
+    const std::string name(bytes, std::min(at + 46, size), name_length);
+    const auto next = at + 46 + name_length + u16(at + 30) + u16(at + 32);
+    if (u32(local) != 0x04034b50u)
+      damaged(fmt::format("record '{}' is damaged", name));
+    const auto begin = local + 30 + u16(local + 26) + u16(local + 28);
+    if (begin + stored > size)
+      damaged(fmt::format("record '{}' is cut short", name));
+    if (method == 0 && crc32(data + begin, stored) != crc)
+      damaged(fmt::format("record '{}' fails its CRC-32 check", name));
+    at = next;
+  }
+}
+
+// The generated wrapper's input checks, one `check_input_<i>` function per argument.
+std::vector<GraphInput> wrapper_inputs(const std::string& source) {
+  static const std::regex function(R"(static void check_input_(\d+)\()");
+  static const std::regex dtype(R"(_expected_dtype = aoti_torch_dtype_(\w+)\(\))");
+  static const std::regex below(R"(_size\[(\d+)\] < (\d+)\))");
+  static const std::regex above(R"(_size\[(\d+)\] > (\d+)\))");
+  static const std::regex fixed(R"(if \((\d+) != \w+_size\[(\d+)\]\))");
+  static const std::regex stride(R"(_stride\[(\d+)\])");
+  std::vector<std::pair<std::size_t, std::size_t>> bodies; // (start, index)
+  for (std::sregex_iterator it(source.begin(), source.end(), function), end; it != end; ++it)
+    bodies.emplace_back(it->position(), std::stoul((*it)[1].str()));
+  std::vector<GraphInput> inputs(bodies.size());
+  for (std::size_t k = 0; k < bodies.size(); ++k) {
+    const auto start = source.begin() + static_cast<std::ptrdiff_t>(bodies[k].first);
+    const auto stop = k + 1 < bodies.size()
+                          ? source.begin() + static_cast<std::ptrdiff_t>(bodies[k + 1].first)
+                          : source.end();
+    if (bodies[k].second >= inputs.size())
+      continue;
+    auto& in = inputs[bodies[k].second];
+    std::size_t rank = 0;
+    const auto dim = [&](const std::ssub_match& m) {
+      const auto d = std::stoul(m.str());
+      rank = std::max<std::size_t>(rank, d + 1);
+      return d;
+    };
+    std::smatch m;
+    if (std::regex_search(start, stop, m, dtype))
+      in.dtype = m[1].str();
+    std::vector<std::pair<std::size_t, std::int64_t>> sizes;
+    for (std::sregex_iterator it(start, stop, fixed), end; it != end; ++it)
+      sizes.emplace_back(dim((*it)[2]), std::stoll((*it)[1].str()));
+    for (std::sregex_iterator it(start, stop, stride), end; it != end; ++it)
+      dim((*it)[1]);
+    for (std::sregex_iterator it(start, stop, below), end; it != end; ++it)
+      if (dim((*it)[1]) == 0)
+        in.min_rows = std::stoll((*it)[2].str());
+    for (std::sregex_iterator it(start, stop, above), end; it != end; ++it)
+      if (dim((*it)[1]) == 0)
+        in.max_rows = std::stoll((*it)[2].str());
+    in.sizes.assign(rank, -1);
+    for (const auto& [d, size] : sizes)
+      in.sizes[d] = size;
+  }
+  return inputs;
+}
+
+std::string shape_of(const std::vector<std::int64_t>& sizes) {
+  std::vector<std::string> dims;
+  for (auto s : sizes)
+    dims.push_back(s < 0 ? "B" : std::to_string(s));
+  return fmt::format("({})", fmt::join(dims, ", "));
+}
+
+} // namespace
+
+GraphSignature read_graph_signature(const fs::path& file) {
+  GraphSignature s;
+  s.archive_name = archive_name(file);
+  check_records(file);
+  std::string source;
+  try {
+    caffe2::serialize::PyTorchStreamReader reader(file.string());
+    for (const auto& record : reader.getAllRecords()) {
+      if (!record.ends_with("wrapper.cpp") && !record.ends_with("wrapper_metadata.json"))
+        continue;
+      const auto [data, size] = reader.getRecord(record);
+      std::string text(static_cast<const char*>(data.get()), size);
+      if (record.ends_with("wrapper.cpp"))
+        source = std::move(text);
+      else {
+        static const std::regex key(R"re("AOTI_DEVICE_KEY":\s*"(\w+)")re");
+        std::smatch m;
+        if (std::regex_search(text, m, key))
+          s.device_type = m[1].str();
+      }
+    }
+  } catch (const std::exception& e) {
+    not_a_package(file, first_lines(e.what()));
+  }
+  static const std::regex counts(R"(AOTInductorModelBase\(\s*(\d+),\s*(\d+),)");
+  std::smatch m;
+  if (source.empty() || !std::regex_search(source, m, counts))
+    not_a_package(file, "it holds no generated wrapper source to check its signature against");
+  s.num_inputs = std::stoul(m[1].str());
+  s.num_outputs = std::stoul(m[2].str());
+  s.inputs = wrapper_inputs(source);
+  if (s.inputs.size() != s.num_inputs)
+    not_a_package(file, fmt::format("its wrapper declares {} inputs but checks {}", s.num_inputs,
+                                    s.inputs.size()));
+  return s;
+}
+
+Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device& device,
+             c10::ScalarType dtype, std::size_t runners, std::string listed_as)
+    : _file((leaf / package).string())
+    , _listed_as(std::move(listed_as))
+    , _device(device.str())
+    , _torch_device(device) {
+  const fs::path file = _file;
+  std::error_code ec;
+  if (!fs::is_regular_file(file, ec))
+    throw FatalError(fmt::format("graph file '{}' (metadata.json {}) is missing; the artifact "
+                                 "is incomplete: recompile it with neml2-compile",
+                                 _file, _listed_as));
+  _signature = read_graph_signature(file);
+  if (_signature.archive_name != file.stem().string())
+    throw FatalError(fmt::format(
+        "graph file '{}' (metadata.json {}) holds the graph '{}', not '{}': a file was copied "
+        "or renamed over another; recompile the artifact with neml2-compile",
+        _file, _listed_as, _signature.archive_name, file.stem().string()));
+  if (!_signature.device_type.empty() &&
+      _signature.device_type != c10::DeviceTypeName(device.type(), true))
+    throw FatalError(fmt::format("graph '{}' was compiled for {}, but it sits in the folder of "
+                                 "graphs for {}: recompile with neml2-compile --device {}",
+                                 _file, _signature.device_type, _device,
+                                 c10::DeviceTypeName(device.type(), true)));
+  const auto expected = dtype_folder(dtype);
+  for (std::size_t i = 0; i < _signature.inputs.size(); ++i) {
+    const auto& found = _signature.inputs[i].dtype;
+    if (found.starts_with("float") && found != expected)
+      throw FatalError(fmt::format(
+          "graph '{}' takes {} inputs, but it sits in a {} folder: the artifact's graphs are "
+          "not in the dtype their folder names (neml2-compile 3.1 --dtype float32 writes "
+          "float64 graphs), and running them on {} data would give garbage. Compile with "
+          "--dtype {} and pass {} inputs",
+          _file, found, expected, expected, found, found));
+  }
+  for (const auto& in : _signature.inputs)
+    if (in.batched()) {
+      _min_rows = std::max(_min_rows, in.min_rows);
+      _max_rows = std::min(_max_rows, in.max_rows);
+    }
+  if (_max_rows < std::max<std::int64_t>(_min_rows, 1))
+    fail(fmt::format("its batch range [{}, {}] is empty", _min_rows, _max_rows));
+
+  // Loader construction is not thread-safe in torch: one at a time, process-wide.
+  static std::mutex construction;
+  std::lock_guard lock(construction);
+  register_custom_operators();
+  _loader =
+      translate_foreign_errors(fmt::format("loading '{}' for {}", _file, _device).c_str(), [&] {
+        return std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+            _file, "model", /*run_single_threaded=*/false,
+            /*num_runners=*/runners, device.index());
+      });
+}
+
+Graph::Graph() = default;
+Graph::~Graph() = default;
+Graph::Graph(Graph&&) noexcept = default;
+Graph& Graph::operator=(Graph&&) noexcept = default;
+
+void Graph::fail(const std::string& what) const {
+  throw FatalError(fmt::format("graph '{}' (metadata.json {}) does not match metadata.json: {}; "
+                               "the graph belongs to another model or the metadata was edited: "
+                               "recompile the artifact with neml2-compile",
+                               _file, _listed_as, what));
+}
+
+void Graph::expect_counts(std::size_t arguments, std::size_t results) const {
+  if (_signature.num_inputs != arguments)
+    fail(fmt::format("it takes {} arguments, metadata.json implies {}", _signature.num_inputs,
+                     arguments));
+  if (_signature.num_outputs != results)
+    fail(fmt::format("it returns {} results, metadata.json implies {}", _signature.num_outputs,
+                     results));
+}
+
+void Graph::expect(const std::vector<Shape>& argument_shapes, std::size_t results) const {
+  expect_counts(argument_shapes.size(), results);
+  for (std::size_t i = 0; i < argument_shapes.size(); ++i) {
+    const auto& in = _signature.inputs[i];
+    auto declared = argument_shapes[i];
+    declared.insert(declared.begin(), -1);
+    auto graph = in.sizes;
+    if (!graph.empty() && !in.batched()) // a graph taking one value for every row
+      graph.insert(graph.begin(), -1);
+    if (graph != declared)
+      fail(fmt::format("argument {} is {} in the graph but {} in metadata.json", i,
+                       shape_of(in.sizes), shape_of(declared)));
+  }
+}
+
+void Graph::expect_results(std::vector<Result> results, c10::ScalarType dtype) {
+  if (results.size() != _signature.num_outputs)
+    fail(fmt::format("it returns {} results, metadata.json implies {}", _signature.num_outputs,
+                     results.size()));
+  _results = std::move(results);
+  _result_dtype = dtype;
+  // The probe: zeros of the shapes the graph takes, at its smallest batch.
+  std::vector<at::Tensor> zeros;
+  for (const auto& in : _signature.inputs) {
+    auto sizes = in.sizes;
+    for (auto& d : sizes)
+      d = d < 0 ? std::max<std::int64_t>(_min_rows, 1) : d;
+    const auto type = in.dtype.empty() ? dtype : dtype_from_name(in.dtype);
+    zeros.push_back(at::zeros(sizes, at::TensorOptions().dtype(type).device(_torch_device)));
+  }
+  static_cast<void>(run(zeros));
+}
+
+std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
+  // Graphs read their arguments as dense row-major arrays, but results of other graphs can
+  // come back column-major (J2's flow direction has strides (1, B)).
+  std::vector<at::Tensor> dense;
+  for (std::size_t i = 0; i < given.size(); ++i)
+    if (given[i].defined() && !given[i].is_contiguous()) {
+      if (dense.empty())
+        dense = given;
+      dense[i] = given[i].contiguous();
+    }
+  const auto& args = dense.empty() ? given : dense;
+  if (args.size() != _signature.num_inputs)
+    fail(fmt::format("called with {} arguments, it takes {}", args.size(), _signature.num_inputs));
+  std::int64_t rows = -1;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const auto& in = _signature.inputs[i];
+    const auto& t = args[i];
+    bool ok = t.defined() && t.dim() == static_cast<std::int64_t>(in.sizes.size());
+    for (std::size_t d = 0; ok && d < in.sizes.size(); ++d)
+      ok = in.sizes[d] < 0 || t.size(static_cast<std::int64_t>(d)) == in.sizes[d];
+    if (ok && in.batched()) {
+      ok = rows < 0 || t.size(0) == rows;
+      rows = t.size(0);
+    }
+    if (!ok)
+      fail(fmt::format("argument {} has shape {}, the graph takes {}", i,
+                       t.defined() ? shape_text(t.sizes()) : "undefined", shape_of(in.sizes)));
+  }
+  if (rows == 1 && _min_rows > 1) {
+    // One row (a host's single point, an active set down to one row): the row repeated.
+    std::vector<at::Tensor> padded(args.size());
+    for (std::size_t i = 0; i < args.size(); ++i) {
+      if (!_signature.inputs[i].batched()) {
+        padded[i] = args[i];
+        continue;
+      }
+      auto sizes = args[i].sizes().vec();
+      sizes[0] = _min_rows;
+      if (args[i].is_cpu()) { // the row copied by hand: a third of expand().contiguous()
+        padded[i] = at::empty(sizes, args[i].options());
+        const auto row = args[i].nbytes();
+        auto* to = static_cast<char*>(padded[i].data_ptr());
+        for (std::int64_t r = 0; r < _min_rows; ++r)
+          std::memcpy(to + r * row, args[i].const_data_ptr(), row);
+      } else
+        padded[i] = args[i].expand(sizes).contiguous();
+    }
+    auto results = run_checked(padded);
+    for (auto& r : results)
+      if (r.dim() > 0 && r.size(0) == _min_rows) {
+        // The graph's own fresh result, cut to its first row in place (strides kept):
+        // what narrow() gives without a dispatch.
+        auto sizes = r.sizes().vec();
+        sizes[0] = 1;
+        r.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, r.strides());
+      }
+    return results;
+  }
+  if (rows >= 0 && (rows < _min_rows || rows > _max_rows)) {
+    // Outside the exported range: pad with copies of the last row, or split.
+    const auto piece = rows > _max_rows ? _max_rows : _min_rows;
+    const auto batched = [&](std::size_t i) { return _signature.inputs[i].batched(); };
+    std::vector<std::vector<at::Tensor>> pieces;
+    for (std::int64_t first = 0; first < std::max<std::int64_t>(rows, 1); first += piece) {
+      const auto n = std::min(piece, rows - first);
+      std::vector<at::Tensor> part(args.size());
+      for (std::size_t i = 0; i < args.size(); ++i) {
+        if (!batched(i)) {
+          part[i] = args[i];
+          continue;
+        }
+        auto rows_i = args[i].narrow(0, first, std::max<std::int64_t>(n, 0));
+        if (n < _min_rows) {
+          auto sizes = args[i].sizes().vec();
+          sizes[0] = _min_rows - n;
+          rows_i = at::cat({rows_i, n > 0 ? rows_i.narrow(0, n - 1, 1).expand(sizes)
+                                          : at::zeros(sizes, args[i].options())});
+        }
+        part[i] = rows_i.contiguous();
+      }
+      pieces.push_back(run_checked(part));
+      if (n <= 0)
+        break;
+    }
+    auto results = std::move(pieces.front());
+    const auto first_rows = std::max(std::min(piece, rows), _min_rows);
+    for (std::size_t r = 0; r < results.size(); ++r) {
+      if (results[r].dim() == 0 || results[r].size(0) != first_rows)
+        continue; // the same for every row
+      std::vector<at::Tensor> parts;
+      for (std::size_t p = 0; p < pieces.size(); ++p) {
+        const auto& t = p == 0 ? results[r] : pieces[p][r];
+        const auto n = std::min(piece, rows - static_cast<std::int64_t>(p) * piece);
+        parts.push_back(t.narrow(0, 0, std::max<std::int64_t>(n, 0)));
+      }
+      results[r] = parts.size() == 1 ? parts.front() : at::cat(parts);
+    }
+    return results;
+  }
+  return run_checked(args);
+}
+
+std::vector<at::Tensor> Graph::run_checked(const std::vector<at::Tensor>& args) const {
+  std::vector<at::Tensor> results;
+  try {
+    results = _loader->run(args);
+  } catch (const std::exception& e) {
+    throw FatalError(fmt::format("running '{}' on {}: {}", _file, _device, first_lines(e.what())),
+                     e.what());
+  }
+  if (results.size() != _signature.num_outputs)
+    fail(fmt::format("it returned {} results, its signature says {}", results.size(),
+                     _signature.num_outputs));
+  if (_results.empty())
+    return results;
+  std::int64_t rows = 1;
+  for (std::size_t i = 0; i < args.size(); ++i)
+    if (_signature.inputs[i].batched())
+      rows = args[i].size(0);
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    const auto& t = results[r];
+    const auto& expected = _results[r].trailing;
+    bool ok = t.defined() && t.scalar_type() == _result_dtype &&
+              t.dim() == static_cast<std::int64_t>(expected.size()) + 1 &&
+              (t.size(0) == rows || t.size(0) == 1);
+    for (std::size_t d = 0; ok && d < expected.size(); ++d) {
+      const auto size = t.size(static_cast<std::int64_t>(d) + 1);
+      ok = size == expected[d] || (_results[r].broadcast && size == 1);
+    }
+    if (!ok)
+      fail(fmt::format("result {} is {} {}, metadata.json implies {} (B, {})", r,
+                       t.defined() ? c10::toString(t.scalar_type()) : "undefined",
+                       t.defined() ? shape_text(t.sizes()) : "", c10::toString(_result_dtype),
+                       fmt::join(expected, ", ")));
+  }
+  return results;
+}
+
+} // namespace neml2::detail

@@ -1,0 +1,96 @@
+#pragma once
+
+// One compiled graph (.pt2 package), trusted only as far as it was checked: its signature
+// is read from the package (the archive's own name and the input checks of its generated
+// wrapper) and checked against what metadata.json says at load; every call's arguments
+// are checked against it, calls below or above the exported batch range are padded or
+// split, and the number of results is checked after every call.
+
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include <neml2/artifact.hpp>
+
+namespace torch::inductor {
+class AOTIModelPackageLoader;
+}
+
+namespace neml2::detail {
+
+/// What a graph's generated wrapper checks of one input.
+struct GraphInput {
+  std::string dtype;               ///< "float64", ...; empty when unchecked
+  std::vector<std::int64_t> sizes; ///< per dimension: the size, or -1 where it varies
+  std::int64_t min_rows = 0;       ///< bounds of a varying leading (batch) dimension
+  std::int64_t max_rows = std::numeric_limits<std::int64_t>::max();
+  [[nodiscard]] bool batched() const { return !sizes.empty() && sizes.front() < 0; }
+};
+
+/// A package's signature, as read from the package itself.
+struct GraphSignature {
+  std::string archive_name; ///< the folder every record sits in: the file stem it was written as
+  std::string device_type;  ///< what it was compiled for ("cpu", "cuda"); empty when unsaid
+  std::size_t num_inputs = 0, num_outputs = 0;
+  std::vector<GraphInput> inputs;
+};
+
+/// Reads the signature of `file`; a FatalError naming the file when it is not a readable
+/// AOTInductor package with a generated wrapper.
+[[nodiscard]] GraphSignature read_graph_signature(const std::filesystem::path& file);
+
+class Graph {
+public:
+  Graph(); ///< absent: the artifact was compiled without it
+  /// Loads `package` from `leaf` (listed in metadata.json as `listed_as`). Checks that the
+  /// file is the graph its name says, that it takes `dtype`, and when given, the number of
+  /// arguments and results metadata.json implies.
+  Graph(const std::filesystem::path& leaf, const std::string& package, const c10::Device& device,
+        c10::ScalarType dtype, std::size_t runners, std::string listed_as);
+  ~Graph();
+  Graph(Graph&&) noexcept;
+  Graph& operator=(Graph&&) noexcept;
+
+  explicit operator bool() const noexcept { return _loader != nullptr; }
+  [[nodiscard]] const std::string& file() const noexcept { return _file; }
+  [[nodiscard]] const GraphSignature& signature() const noexcept { return _signature; }
+
+  /// Load-time checks against metadata.json: the arguments' trailing shapes (one per
+  /// argument, without the batch axis) and the number of results.
+  void expect(const std::vector<Shape>& argument_shapes, std::size_t results) const;
+  /// The same for the counts only (when argument shapes are not known beforehand).
+  void expect_counts(std::size_t arguments, std::size_t results) const;
+
+  /// What each result must be: `(rows or 1, *trailing)` in `dtype`; with `broadcast`,
+  /// trailing sizes of 1 are accepted too (Jacobian blocks that do not vary). Checked
+  /// now, on one probe call of zeros, and after every call.
+  struct Result {
+    Shape trailing;
+    bool broadcast = false;
+  };
+  void expect_results(std::vector<Result> results, c10::ScalarType dtype);
+
+  /// Runs the graph on dense row-major `(rows, ...)` arguments (unbatched ones as the
+  /// graph takes them). Checked against the signature; a call with fewer rows than the
+  /// graph was exported for is padded with copies of its last row, one with more is split.
+  [[nodiscard]] std::vector<at::Tensor> run(const std::vector<at::Tensor>& args) const;
+
+private:
+  [[nodiscard]] std::vector<at::Tensor> run_checked(const std::vector<at::Tensor>& args) const;
+  [[noreturn]] void fail(const std::string& what) const;
+
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> _loader;
+  std::string _file, _listed_as, _device;
+  c10::Device _torch_device = c10::kCPU;
+  GraphSignature _signature;
+  std::vector<Result> _results; // empty: only their number is known
+  c10::ScalarType _result_dtype = c10::kDouble;
+  std::int64_t _min_rows = 0, _max_rows = std::numeric_limits<std::int64_t>::max();
+};
+
+} // namespace neml2::detail
