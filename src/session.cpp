@@ -334,13 +334,10 @@ struct Session::Impl::Binder {
       throw FatalError(
           fmt::format("{} '{}' is an undefined tensor; expected shape {}", what, name, expected()));
     if (t.scalar_type() != dtype)
-      throw FatalError(
-          fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
-                      "convert it with .to({}), or load an artifact compiled with "
-                      "--dtype {}",
-                      what, name, c10::toString(t.scalar_type()), m.leaf.string(),
-                      c10::toString(dtype), c10::toString(dtype),
-                      dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat : c10::kDouble)));
+      throw FatalError(fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
+                                   "convert it with .to({})",
+                                   what, name, c10::toString(t.scalar_type()), m.leaf.string(),
+                                   c10::toString(dtype), c10::toString(dtype)));
     if (t.is_meta())
       throw FatalError(fmt::format("{} '{}' is on meta, a device that holds no data: pass a "
                                    "tensor with values, on cpu or an accelerator",
@@ -355,7 +352,7 @@ struct Session::Impl::Binder {
         first = &name;
         call.device = t.device();
       } else if (t.device() != call.device)
-        throw FatalError(fmt::format("{} '{}' is on {} but {} is on {}: all inputs of a call "
+        throw FatalError(fmt::format("{} '{}' is on {} but '{}' is on {}: all inputs of a call "
                                      "must be on one device",
                                      what, name, t.device().str(), *first, call.device.str()));
     }
@@ -499,7 +496,8 @@ detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
                 m.dtype, true);
       }
   } else if (!extras.empty())
-    throw FatalError("internal: extras given to an operation that takes none");
+    throw FatalError("extra tensors given to an operation that takes none (only jvp takes "
+                     "tangents, only param_vjp cotangents): pass an empty map");
 
   b.settle_batch();
 

@@ -359,8 +359,17 @@ TEST_CASE("a policy's bad answers are errors that say what it did, never a hang"
       throw std::logic_error("bookkeeping bug");
     }
   };
+  struct ThrowsInNextChunk : Lanes {
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t,
+                                          state_type&) const {
+      throw std::logic_error("planning bug");
+    }
+  };
   const test::Reference ref("rates");
   const auto in = ref.group("b7/in");
+  CHECK(contains(
+      test::fatal_message([&] { return load<ThrowsInNextChunk>("rates", "eq").forward(in); }),
+      "the dispatch policy's next_chunk() or on_dispatched(): planning bug"));
   CHECK(contains(test::fatal_message([&] { return load<BadIndex>("rates", "eq").forward(in); }),
                  "chose device index 5, but the policy lists 2 device(s) {cpu, cpu}"));
   CHECK(contains(test::fatal_message([&] { return load<NoRows>("rates", "eq").forward(in); }),
