@@ -117,6 +117,11 @@ HitBlock parse_hit(std::string_view text, const fs::path& file) {
 
 // ---------------------------------------------------------------- metadata.json
 
+// "segments[0].package"; a top-level field is just its key.
+std::string join(const std::string& field, const std::string& key) {
+  return field.empty() ? key : field + "." + key;
+}
+
 // Reads JSON fields with errors that name the file and the field.
 struct JsonReader {
   std::string file;
@@ -132,7 +137,7 @@ struct JsonReader {
       fail(field, "expected an object");
     const auto it = j.find(key);
     if (it == j.end())
-      fail(field + "." + key, "missing");
+      fail(join(field, key), "missing");
     return *it;
   }
 
@@ -168,10 +173,10 @@ struct JsonReader {
     try {
       value = v.get<T>();
     } catch (const json::exception& e) {
-      fail(field + "." + key, e.what());
+      fail(join(field, key), e.what());
     }
     if constexpr (std::is_same_v<T, Shape>)
-      check_shape(value, field + "." + key);
+      check_shape(value, join(field, key));
     return value;
   }
 
@@ -200,16 +205,16 @@ struct JsonReader {
     auto name = required ? get<std::string>(j, key, field) : get_or<std::string>(j, key, field, "");
     if ((required && name.empty()) || (!name.empty() && (name.find('/') != std::string::npos ||
                                                          name == ".." || !name.ends_with(".pt2"))))
-      fail(field + "." + key, fmt::format("'{}' is not the file name of a .pt2 graph in the "
-                                          "<device>/<dtype>/ folder",
-                                          name));
+      fail(join(field, key), fmt::format("'{}' is not the file name of a .pt2 graph in the "
+                                         "<device>/<dtype>/ folder",
+                                         name));
     return name;
   }
 
   const json& array(const json& j, const std::string& key, const std::string& field) const {
     const auto& v = at(j, key, field);
     if (!v.is_array())
-      fail(field + "." + key, "expected an array");
+      fail(join(field, key), "expected an array");
     return v;
   }
 };
@@ -345,7 +350,7 @@ std::vector<VariableGroup> read_groups(const json& s, const char* key, const std
 
 std::vector<std::string> optional_names(const json& s, const char* key, const std::string& field,
                                         const JsonReader& r) {
-  return s.contains(key) ? names_of(r.array(s, key, field), field + "." + key, r)
+  return s.contains(key) ? names_of(r.array(s, key, field), join(field, key), r)
                          : std::vector<std::string>{};
 }
 
@@ -437,24 +442,42 @@ std::string list_leaves(const fs::path& root) {
   std::vector<std::string> leaves;
   std::error_code ec;
   for (const auto& dev : fs::directory_iterator(root, ec))
-    if (dev.is_directory())
+    if (dev.is_directory(ec))
       for (const auto& dt : fs::directory_iterator(dev.path(), ec))
-        if (dt.is_directory())
+        if (dt.is_directory(ec))
           leaves.push_back(dev.path().filename().string() + "/" + dt.path().filename().string());
   std::sort(leaves.begin(), leaves.end());
   return leaves.empty() ? "none" : fmt::format("{}", fmt::join(leaves, ", "));
 }
 
+[[noreturn]] void unreadable(const char* what, const fs::path& path, const std::string& why) {
+  throw FatalError(fmt::format("cannot read {} '{}' ({}): check that it exists, that every link "
+                               "on the way resolves, and that you may read it",
+                               what, path.string(), why));
+}
+
 std::string read_text(const fs::path& file, const char* what) {
   std::ifstream in(file, std::ios::binary);
   std::string text;
-  if (in)
-    text.assign(std::istreambuf_iterator<char>(in), {});
+  try {
+    if (in)
+      text.assign(std::istreambuf_iterator<char>(in), {});
+  } catch (const std::exception& e) { // a stream error, e.g. reading /proc/self/mem
+    unreadable(what, file, e.what());
+  }
   if (!in || in.bad())
-    throw FatalError(fmt::format("cannot read {} '{}': check that it exists and that you may "
-                                 "read it",
-                                 what, file.string()));
+    unreadable(what, file, "the read failed");
   return text;
+}
+
+// fs::status without exceptions: a loop of links or an overlong name is the caller's
+// FatalError, not a std::filesystem::filesystem_error.
+fs::file_status status_of(const fs::path& path, const char* what) {
+  std::error_code ec;
+  const auto status = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
+    unreadable(what, path, ec.message());
+  return status;
 }
 
 } // namespace
@@ -485,7 +508,7 @@ c10::ScalarType dtype_from_name(const std::string& name) {
 
 fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
   auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
-  if (fs::is_directory(dir))
+  if (fs::is_directory(status_of(dir, "the graphs folder")))
     return dir;
   throw FatalError(fmt::format(
       "artifact '{}' has no graphs for device {} and dtype {} (no folder {}/{}); it has: {}. "
@@ -497,7 +520,7 @@ fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
 
 Artifact read_artifact(const fs::path& root) {
   const auto file = root / "metadata.json";
-  if (!fs::is_regular_file(file))
+  if (!fs::is_regular_file(status_of(file, "the metadata file")))
     throw FatalError(
         fmt::format("'{}' is not an artifact root: it has no metadata.json. Pass the folder "
                     "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
@@ -542,8 +565,16 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
     p.shape = r.get<Shape>(params[i], "shape", field);
     p.base_shape = r.get_or<Shape>(params[i], "param_base_shape", field, p.shape);
     p.values = r.get<std::vector<double>>(params[i], "values", field);
-    if (params[i].contains("dtype"))
-      p.dtype = dtype_from_name(r.get<std::string>(params[i], "dtype", field));
+    if (params[i].contains("dtype")) {
+      const auto name = r.get<std::string>(params[i], "dtype", field);
+      try {
+        p.dtype = dtype_from_name(name);
+      } catch (const FatalError&) {
+        r.fail(field + ".dtype", fmt::format("unknown dtype '{}' (known: float64, float32, "
+                                             "float16, bfloat16, int64, int32, bool)",
+                                             name));
+      }
+    }
     std::int64_t numel = 1;
     for (auto s : p.shape)
       numel *= s;
@@ -624,9 +655,10 @@ fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model)
 }
 
 fs::path resolve_artifact_root(const fs::path& path, const std::string& model) {
-  if (fs::is_directory(path))
+  const auto status = status_of(path, "the stub or artifact root");
+  if (fs::is_directory(status))
     return path;
-  if (!fs::exists(path))
+  if (!fs::exists(status))
     throw FatalError(fmt::format("'{}' does not exist: pass a stub (<name>_aoti.i) or an "
                                  "artifact root folder written by neml2-compile",
                                  path.string()));

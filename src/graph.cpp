@@ -291,28 +291,17 @@ void Graph::fail(const std::string& what) const {
                                _file, _listed_as, what));
 }
 
-void Graph::expect_counts(std::size_t arguments, std::size_t results) const {
-  if (_signature.num_inputs != arguments)
+void Graph::expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results) const {
+  if (_signature.num_inputs != arguments.size())
     fail(fmt::format("it takes {} arguments, metadata.json implies {}", _signature.num_inputs,
-                     arguments));
+                     arguments.size()));
   if (_signature.num_outputs != results)
     fail(fmt::format("it returns {} results, metadata.json implies {}", _signature.num_outputs,
                      results));
-}
-
-void Graph::expect(const std::vector<Shape>& argument_shapes, std::size_t results) const {
-  expect_counts(argument_shapes.size(), results);
-  for (std::size_t i = 0; i < argument_shapes.size(); ++i) {
-    const auto& in = _signature.inputs[i];
-    auto declared = argument_shapes[i];
-    declared.insert(declared.begin(), -1);
-    auto graph = in.sizes;
-    if (!graph.empty() && !in.batched()) // a graph taking one value for every row
-      graph.insert(graph.begin(), -1);
-    if (graph != declared)
+  for (std::size_t i = 0; i < arguments.size(); ++i)
+    if (arguments[i] && _signature.inputs[i].sizes != *arguments[i])
       fail(fmt::format("argument {} is {} in the graph but {} in metadata.json", i,
-                       shape_of(in.sizes), shape_of(declared)));
-  }
+                       shape_of(_signature.inputs[i].sizes), shape_of(*arguments[i])));
 }
 
 void Graph::expect_results(std::vector<Result> results, c10::ScalarType dtype) {

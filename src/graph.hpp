@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,11 +61,9 @@ public:
   [[nodiscard]] const std::string& file() const noexcept { return _file; }
   [[nodiscard]] const GraphSignature& signature() const noexcept { return _signature; }
 
-  /// Load-time checks against metadata.json: the arguments' trailing shapes (one per
-  /// argument, without the batch axis) and the number of results.
-  void expect(const std::vector<Shape>& argument_shapes, std::size_t results) const;
-  /// The same for the counts only (when argument shapes are not known beforehand).
-  void expect_counts(std::size_t arguments, std::size_t results) const;
+  /// Load-time checks against metadata.json: each argument's shape (-1 for the batch axis;
+  /// nullopt where metadata.json does not say) and the number of results.
+  void expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results) const;
 
   /// What each result must be: `(rows or 1, *trailing)` in `dtype`; with `broadcast`,
   /// trailing sizes of 1 are accepted too (Jacobian blocks that do not vary). Checked

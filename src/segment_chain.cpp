@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <map>
+#include <numeric>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -166,7 +168,9 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
 
   for (const auto& segment : artifact.segments) {
     if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
-      const auto takes = f->inputs.size() + f->param_inputs.size();
+      // Intermediate variables' shapes are not in metadata.json: counts only, shapes at
+      // the first call.
+      const std::vector<std::optional<Shape>> takes(f->inputs.size() + f->param_inputs.size());
       _steps.emplace_back(ForwardStep{
           f, load(f->package, "package", takes, f->outputs.size()),
           load(f->jvp_package, "jvp_package", takes, f->outputs.size() + f->jacobian_pairs.size()),
@@ -182,25 +186,70 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     ImplicitStep step;
     step.segment = &s;
     step.params = params_of(s.param_inputs);
-    // Graph arity: unknown, given and residual groups, A's blocks (residual x unknown).
-    const auto unknowns = s.unknown_groups.size(), residuals = s.residual_groups.size();
-    const auto state = unknowns + s.given_groups.size() + s.param_inputs.size();
-    const auto a_blocks = residuals * unknowns;
-    step.newton.residual = load(s.residual_package, "residual_package", state, residuals);
-    step.newton.jacobian =
-        load(s.jacobian_package, "jacobian_package", state, a_blocks + residuals);
-    step.newton.solve = load(s.solve_package, "solve_package", a_blocks + residuals, unknowns);
+    // What each Newton graph takes: the groups packed (B, width), A's blocks (B, r, u)
+    // residual by unknown, B's (B, r, g), the parameters as stored (per row for dr_dparam).
+    const auto widths = [](const std::vector<VariableGroup>& groups,
+                           const std::vector<ImplicitVariable>& vars) {
+      std::vector<std::int64_t> w;
+      for (const auto& g : groups) {
+        std::int64_t width = 0;
+        for (const auto& n : g.names) {
+          const auto v = std::find_if(vars.begin(), vars.end(),
+                                      [&](const ImplicitVariable& x) { return x.name == n; });
+          width += v == vars.end() ? 1 : v->var_size;
+        }
+        w.push_back(width);
+      }
+      return w;
+    };
+    const auto u = widths(s.unknown_groups, s.unknowns), g = widths(s.given_groups, s.givens),
+               r = widths(s.residual_groups, s.residuals);
+    using Arguments = std::vector<std::optional<Shape>>;
+    const auto packed = [](Arguments& args, const std::vector<std::int64_t>& w) {
+      for (auto x : w)
+        args.emplace_back(Shape{-1, x});
+    };
+    const auto blocks = [&](Arguments& args, const std::vector<std::int64_t>& columns) {
+      for (auto rows : r)
+        for (auto x : columns)
+          args.emplace_back(Shape{-1, rows, x});
+    };
+    Arguments state, per_row_state, a_and_b, a_and_given, a_and_dparam;
+    packed(state, u);
+    packed(state, g);
+    per_row_state = state;
+    std::int64_t param_width = 0;
+    for (auto p : step.params) {
+      const auto& param = artifact.parameters[p];
+      state.emplace_back(param.shape);
+      auto per_row = param.base_shape;
+      per_row.insert(per_row.begin(), -1);
+      per_row_state.emplace_back(per_row);
+      param_width += std::accumulate(param.base_shape.begin(), param.base_shape.end(),
+                                     std::int64_t(1), std::multiplies<>());
+    }
+    blocks(a_and_b, u);
+    a_and_given = a_and_dparam = a_and_b;
+    packed(a_and_b, r);
+    blocks(a_and_given, g);
+    for (auto rows : r)
+      a_and_dparam.emplace_back(Shape{-1, rows, param_width});
+    const auto a_blocks = r.size() * u.size();
+    step.newton.residual = load(s.residual_package, "residual_package", state, r.size());
+    step.newton.jacobian = load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size());
+    step.newton.solve = load(s.solve_package, "solve_package", a_and_b, u.size());
     step.newton.a_blocks = a_blocks;
-    step.given_blocks = residuals * s.given_groups.size();
+    step.given_blocks = r.size() * g.size();
     step.substeps = substep_plan(s, artifact.root);
-    step.predictor = load(s.predictor_package, "predictor_package", s.predictor_inputs.size(),
-                          s.predictor_outputs.size());
+    step.predictor = load(s.predictor_package, "predictor_package",
+                          Arguments(s.predictor_inputs.size()), s.predictor_outputs.size());
     step.jacobian_given =
         load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
-    step.solve_ift = load(s.solve_ift_package, "solve_ift_package", a_blocks + step.given_blocks,
-                          s.jacobian_pairs.size());
-    step.dr_dparam = load(s.dr_dparam_package, "dr_dparam_package", state, a_blocks + residuals);
-    step.solve_param = load(s.solve_param_package, "solve_param_package", a_blocks + residuals,
+    step.solve_ift =
+        load(s.solve_ift_package, "solve_ift_package", a_and_given, s.jacobian_pairs.size());
+    step.dr_dparam =
+        load(s.dr_dparam_package, "dr_dparam_package", per_row_state, a_blocks + r.size());
+    step.solve_param = load(s.solve_param_package, "solve_param_package", a_and_dparam,
                             s.param_jacobian_pairs.size());
     _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
     _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&

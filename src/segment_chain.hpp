@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <variant>
@@ -20,10 +21,12 @@
 
 namespace neml2::detail {
 
-/// Loads one graph of the leaf folder by file name, checked to take `arguments` tensors and
-/// return `results`; an empty name gives an empty function.
-using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as,
-                                          std::size_t arguments, std::size_t results)>;
+/// Loads one graph of the leaf folder by file name, checked to take `arguments` (their
+/// shapes with -1 for the batch axis, nullopt where unknown) and return `results`; an
+/// empty name gives an empty function.
+using GraphLoader =
+    std::function<GraphFn(const std::string& package, const char* listed_as,
+                          const std::vector<std::optional<Shape>>& arguments, std::size_t results)>;
 
 class SegmentChain {
 public:

@@ -127,13 +127,14 @@ struct Session::Impl {
   void make_chain() {
     chain = std::make_unique<detail::SegmentChain>(
         *artifact,
-        [this](const std::string& package, const char* listed_as, std::size_t arguments,
+        [this](const std::string& package, const char* listed_as,
+               const std::vector<std::optional<Shape>>& arguments,
                std::size_t results) -> detail::GraphFn {
           if (package.empty())
             return {};
           auto graph =
               std::make_shared<Graph>(leaf, package, torch_device, dtype, runners, listed_as);
-          graph->expect_counts(arguments, results);
+          graph->expect(arguments, results);
           return [graph](const std::vector<at::Tensor>& args) { return graph->run(args); };
         });
     for (const auto& [o, i] : chain->jacobian_blocks()) {
@@ -272,17 +273,23 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
 
   // Each graph checked against what metadata.json says it takes and returns.
-  std::vector<Shape> arguments;
+  std::vector<std::optional<Shape>> arguments; // (B, *trailing) each
+  const auto batched = [](const Shape& trailing) {
+    auto shape = trailing;
+    shape.insert(shape.begin(), -1);
+    return shape;
+  };
   for (auto i : m.graph_inputs)
-    arguments.push_back(m.input_trailing_shapes[i]);
+    arguments.emplace_back(batched(m.input_trailing_shapes[i]));
   for (auto p : m.graph_params)
-    arguments.push_back(a.parameters[p].base_shape);
+    arguments.emplace_back(batched(a.parameters[p].base_shape));
   using Result = Graph::Result;
   std::vector<Result> outputs;
   for (auto o : m.graph_outputs)
     outputs.push_back({m.forward_slots[o].shape, false});
   const auto load = [&](const std::string& package, const char* listed_as,
-                        const std::vector<Shape>& takes, std::vector<Result> results) {
+                        const std::vector<std::optional<Shape>>& takes,
+                        std::vector<Result> results) {
     if (package.empty())
       return Graph{};
     Graph graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
@@ -303,7 +310,7 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
       load(seg.param_jacobian_package, "param_jacobian_package", arguments, param_blocks);
   auto vjp_arguments = arguments;
   for (auto o : m.vjp_cotangents)
-    vjp_arguments.push_back(m.forward_slots[o].shape);
+    vjp_arguments.emplace_back(batched(m.forward_slots[o].shape));
   std::vector<Result> gradients;
   for (auto p : m.vjp_params)
     gradients.push_back({a.parameters[p].base_shape, false});
@@ -334,13 +341,10 @@ struct Session::Impl::Binder {
       throw FatalError(
           fmt::format("{} '{}' is an undefined tensor; expected shape {}", what, name, expected()));
     if (t.scalar_type() != dtype)
-      throw FatalError(
-          fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
-                      "convert it with .to({}), or load an artifact compiled with "
-                      "--dtype {}",
-                      what, name, c10::toString(t.scalar_type()), m.leaf.string(),
-                      c10::toString(dtype), c10::toString(dtype),
-                      dtype_folder(t.scalar_type() == c10::kFloat ? c10::kFloat : c10::kDouble)));
+      throw FatalError(fmt::format("{} '{}' has dtype {}, but the artifact at '{}' runs {}: "
+                                   "convert it with .to({})",
+                                   what, name, c10::toString(t.scalar_type()), m.leaf.string(),
+                                   c10::toString(dtype), c10::toString(dtype)));
     if (t.is_meta())
       throw FatalError(fmt::format("{} '{}' is on meta, a device that holds no data: pass a "
                                    "tensor with values, on cpu or an accelerator",
@@ -355,7 +359,7 @@ struct Session::Impl::Binder {
         first = &name;
         call.device = t.device();
       } else if (t.device() != call.device)
-        throw FatalError(fmt::format("{} '{}' is on {} but {} is on {}: all inputs of a call "
+        throw FatalError(fmt::format("{} '{}' is on {} but '{}' is on {}: all inputs of a call "
                                      "must be on one device",
                                      what, name, t.device().str(), *first, call.device.str()));
     }
@@ -499,7 +503,8 @@ detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
                 m.dtype, true);
       }
   } else if (!extras.empty())
-    throw FatalError("internal: extras given to an operation that takes none");
+    throw FatalError("extra tensors given to an operation that takes none (only jvp takes "
+                     "tangents, only param_vjp cotangents): pass an empty map");
 
   b.settle_batch();
 

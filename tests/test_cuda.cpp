@@ -95,6 +95,15 @@ TEST_CASE("a large batch over cuda:0 with 4 chunks in flight matches the CPU") {
     test::check_close(m.forward({{"strain", x}}).at("stress"), cpu, "stress", 1e-10);
 }
 
+TEST_CASE("inputs of one call on two devices are refused") {
+  const auto m = load_model(test::stub("rates", "eq"), "eq");
+  auto inputs = test::Reference("rates").group("b7/in");
+  inputs.at("b") = inputs.at("b").to(at::Device("cuda:0"));
+  CHECK(contains(test::fatal_message([&] { return m.forward(inputs); }),
+                 "input 'b' is on cuda:0 but 'a' is on cpu: all inputs of a call must be on "
+                 "one device"));
+}
+
 TEST_CASE("CUDA graphs in the cpu folder are refused at load, naming the file") {
   const test::Scratch s;
   const auto root = s.copy_root("elasticity_gpu", "elasticity");

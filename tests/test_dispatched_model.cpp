@@ -10,8 +10,7 @@
 #include <limits>
 #include <thread>
 
-#include <c10/core/CPUAllocator.h>
-
+#include "counting_allocator.hpp"
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -97,38 +96,6 @@ std::exception_ptr thrown(F&& f) {
   }
   return nullptr;
 }
-
-// Counts the bytes torch allocates on the CPU: live now, and the peak since reset().
-struct CountingAllocator final : c10::Allocator {
-  c10::Allocator* base = c10::GetDefaultCPUAllocator();
-  std::atomic<std::int64_t> live{0}, peak{0};
-  struct Block {
-    c10::DataPtr inner;
-    std::int64_t bytes;
-    CountingAllocator* owner;
-  };
-  c10::DataPtr allocate(std::size_t n) override {
-    auto inner = base->allocate(n);
-    void* data = inner.get();
-    const auto now = live += static_cast<std::int64_t>(n);
-    for (auto seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);)
-      ;
-    return {data, new Block{std::move(inner), static_cast<std::int64_t>(n), this}, &release,
-            c10::Device(c10::kCPU)};
-  }
-  static void release(void* block) {
-    auto* b = static_cast<Block*>(block);
-    b->owner->live -= b->bytes;
-    delete b;
-  }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    std::memcpy(dest, src, count);
-  }
-  std::int64_t reset() {
-    peak = live.load();
-    return live;
-  }
-};
 
 } // namespace
 
@@ -359,8 +326,17 @@ TEST_CASE("a policy's bad answers are errors that say what it did, never a hang"
       throw std::logic_error("bookkeeping bug");
     }
   };
+  struct ThrowsInNextChunk : Lanes {
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t>, std::int64_t,
+                                          state_type&) const {
+      throw std::logic_error("planning bug");
+    }
+  };
   const test::Reference ref("rates");
   const auto in = ref.group("b7/in");
+  CHECK(contains(
+      test::fatal_message([&] { return load<ThrowsInNextChunk>("rates", "eq").forward(in); }),
+      "the dispatch policy's next_chunk() or on_dispatched(): planning bug"));
   CHECK(contains(test::fatal_message([&] { return load<BadIndex>("rates", "eq").forward(in); }),
                  "chose device index 5, but the policy lists 2 device(s) {cpu, cpu}"));
   CHECK(contains(test::fatal_message([&] { return load<NoRows>("rates", "eq").forward(in); }),
@@ -493,7 +469,7 @@ TEST_CASE("every listed device gets a session; a compute device not listed is re
 }
 
 TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is copied") {
-  static CountingAllocator counting; // outlives every tensor it allocates
+  static test::CountingAllocator counting; // outlives every tensor it allocates
   c10::SetCPUAllocator(&counting, /*priority=*/100);
   const auto stub = test::stub("rates", "eq");
   const auto in = test::zeros_inputs(load_model(stub, "eq"), 1 << 14);

@@ -478,8 +478,9 @@ private:
         }
       }
     } catch (...) {
-      p.errors.emplace_back(
-          p.index, detail::as_library_error(std::current_exception(), "neml2::DispatchedModel"));
+      p.errors.emplace_back(p.index, detail::as_library_error(std::current_exception(),
+                                                              "the dispatch policy's next_chunk() "
+                                                              "or on_dispatched()"));
     }
     return std::nullopt;
   }
@@ -507,7 +508,9 @@ private:
         _observer(event(index, d, first, rows, seconds));
     } catch (...) {
       if (!error)
-        error = detail::as_library_error(std::current_exception(), "after a chunk completed");
+        error = detail::as_library_error(std::current_exception(),
+                                         "the dispatch policy's on_completed() or the chunk "
+                                         "observer, after a chunk completed");
     }
     if (error)
       progress.errors.emplace_back(index, error);

@@ -1,0 +1,47 @@
+#pragma once
+
+// A CPU allocator that counts the bytes torch allocates: live now, and the peak since
+// reset(). Install it with c10::SetCPUAllocator(&counting, priority); it must outlive
+// every tensor it allocates (make it static).
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+
+#include <c10/core/CPUAllocator.h>
+
+namespace test {
+
+struct CountingAllocator final : c10::Allocator {
+  c10::Allocator* base = c10::GetDefaultCPUAllocator();
+  std::atomic<std::int64_t> live{0}, peak{0};
+  struct Block {
+    c10::DataPtr inner;
+    std::int64_t bytes;
+    CountingAllocator* owner;
+  };
+  c10::DataPtr allocate(std::size_t n) override {
+    auto inner = base->allocate(n);
+    void* data = inner.get();
+    const auto now = live += static_cast<std::int64_t>(n);
+    for (auto seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);)
+      ;
+    return {data, new Block{std::move(inner), static_cast<std::int64_t>(n), this}, &release,
+            c10::Device(c10::kCPU)};
+  }
+  static void release(void* block) {
+    auto* b = static_cast<Block*>(block);
+    b->owner->live -= b->bytes;
+    delete b;
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    std::memcpy(dest, src, count);
+  }
+  /// The peak starts again from what is live now; returns that.
+  std::int64_t reset() {
+    peak = live.load();
+    return live;
+  }
+};
+
+} // namespace test
