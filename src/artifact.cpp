@@ -168,7 +168,7 @@ struct JsonReader {
   template <class T>
   T get(const json& j, const std::string& key, const std::string& field) const {
     const auto& v = at(j, key, field);
-    check_integers<T>(v, field + "." + key);
+    check_integers<T>(v, join(field, key));
     T value;
     try {
       value = v.get<T>();
