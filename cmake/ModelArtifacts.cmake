@@ -5,7 +5,8 @@
 #
 # compiles <file.i> with neml2-compile (cached outside the build tree by
 # tools/compile_artifact.py) into ${NEML2_DISPATCH_ARTIFACTS}/<name>/ and, unless
-# NO_REFERENCE, writes eager reference values into ${NEML2_DISPATCH_ARTIFACTS}/<name>.ref/.
+# NO_REFERENCE, writes eager reference values into ${NEML2_DISPATCH_ARTIFACTS}/<name>.ref/
+# (cached the same way by tools/make_reference.py).
 # The target neml2_dispatch_artifacts builds them all.
 
 set(NEML2_DISPATCH_ARTIFACTS "${PROJECT_BINARY_DIR}/artifacts")
