@@ -136,6 +136,13 @@ void check_graph_faults(const std::string& artifact, const std::string& model) {
   CHECK(same_results(run_everything(Session(load_artifact(root), "cpu")), expected));
 }
 
+// Loading `root` fails with a FatalError naming the root and saying `part`.
+void check_load_fails(const fs::path& root, const std::string& part) {
+  const auto message = test::fatal_message([&] { return Session(load_artifact(root), "cpu"); });
+  CHECK_MESSAGE(contains(message, part), message);
+  CHECK_MESSAGE(contains(message, root.string()), message);
+}
+
 } // namespace
 
 TEST_CASE("damaged graphs of a forward model with parameter derivatives (4 graph kinds)") {
@@ -165,11 +172,7 @@ TEST_CASE("metadata.json that disagrees with the graphs or with itself") {
   const Scratch s;
   const auto root = s.copy_root("elasticity_params", "elasticity");
   const auto rewrite = test::metadata_rewriter(root);
-  const auto load_fails = [&](const std::string& part) {
-    const auto message = test::fatal_message([&] { return Session(load_artifact(root), "cpu"); });
-    CHECK_MESSAGE(contains(message, part), message);
-    CHECK_MESSAGE(contains(message, "elasticity"), message);
-  };
+  const auto load_fails = [&](const std::string& part) { check_load_fails(root, part); };
   // What issue 8 found: an SR2 declared [3] was accepted and read past.
   rewrite("\"base_shape\": [\n        6\n      ]", "\"base_shape\": [3]");
   load_fails("argument 0 is (B, 6) in the graph but (B, 3) in metadata.json");
@@ -204,10 +207,7 @@ TEST_CASE("implicit metadata that disagrees with its graphs") {
   const Scratch s;
   const auto root = s.copy_root("scalar_backward_euler", "model");
   const auto rewrite = test::metadata_rewriter(root);
-  const auto load_fails = [&](const std::string& part) {
-    const auto message = test::fatal_message([&] { return Session(load_artifact(root), "cpu"); });
-    CHECK_MESSAGE(contains(message, part), message);
-  };
+  const auto load_fails = [&](const std::string& part) { check_load_fails(root, part); };
   rewrite("\"unknowns\": [\n        {\n          \"name\": \"x\",\n          \"var_size\": 1",
           "\"unknowns\": [{\"name\": \"x\", \"var_size\": 2");
   load_fails("var_size': 2 for base_shape [] of 1 values");

@@ -110,9 +110,8 @@ TEST_CASE("CUDA graphs in the cpu folder are refused at load, naming the file") 
   fs::remove_all(root / "cpu" / "float64");
   fs::create_directories(root / "cpu");
   fs::copy(root / "cuda" / "float64", root / "cpu" / "float64", fs::copy_options::recursive);
-  const auto message = test::fatal_message([&] {
-    return Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu");
-  });
+  const auto message = test::fatal_message(
+      [&] { return Session(std::make_shared<const Artifact>(read_artifact(root)), "cpu"); });
   CHECK(contains(message, "elasticity.pt2' was compiled for cuda, but it sits in the folder of "
                           "graphs for cpu"));
 }
