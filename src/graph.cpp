@@ -350,78 +350,74 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
       fail(fmt::format("argument {} has shape {}, the graph takes {}", i,
                        t.defined() ? shape_text(t.sizes()) : "undefined", shape_of(in.sizes)));
   }
-  if (rows == 1 && _min_rows > 1) {
-    // One row (a host's single point, an active set down to one row): the row repeated.
-    std::vector<at::Tensor> padded(args.size());
-    for (std::size_t i = 0; i < args.size(); ++i) {
-      if (!_signature.inputs[i].batched()) {
-        padded[i] = args[i];
-        continue;
-      }
-      auto sizes = args[i].sizes().vec();
-      sizes[0] = _min_rows;
-      if (args[i].is_cpu()) { // the row copied by hand: a third of expand().contiguous()
-        padded[i] = at::empty(sizes, args[i].options());
-        const auto row = args[i].nbytes();
-        auto* to = static_cast<char*>(padded[i].data_ptr());
-        for (std::int64_t r = 0; r < _min_rows; ++r)
-          std::memcpy(to + r * row, args[i].const_data_ptr(), row);
-      } else
-        padded[i] = args[i].expand(sizes).contiguous();
-    }
-    auto results = run_checked(padded);
-    for (auto& r : results)
-      if (r.dim() > 0 && r.size(0) == _min_rows) {
-        // The graph's own fresh result, cut to its first row in place (strides kept):
-        // what narrow() gives without a dispatch.
-        auto sizes = r.sizes().vec();
-        sizes[0] = 1;
-        r.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, r.strides());
-      }
-    return results;
-  }
-  if (rows >= 0 && (rows < _min_rows || rows > _max_rows)) {
-    // Outside the exported range: pad with copies of the last row, or split.
-    const auto piece = rows > _max_rows ? _max_rows : _min_rows;
-    const auto batched = [&](std::size_t i) { return _signature.inputs[i].batched(); };
-    std::vector<std::vector<at::Tensor>> pieces;
-    for (std::int64_t first = 0; first < std::max<std::int64_t>(rows, 1); first += piece) {
-      const auto n = std::min(piece, rows - first);
-      std::vector<at::Tensor> part(args.size());
-      for (std::size_t i = 0; i < args.size(); ++i) {
-        if (!batched(i)) {
-          part[i] = args[i];
-          continue;
-        }
-        auto rows_i = args[i].narrow(0, first, std::max<std::int64_t>(n, 0));
-        if (n < _min_rows) {
-          auto sizes = args[i].sizes().vec();
-          sizes[0] = _min_rows - n;
-          rows_i = at::cat({rows_i, n > 0 ? rows_i.narrow(0, n - 1, 1).expand(sizes)
-                                          : at::zeros(sizes, args[i].options())});
-        }
-        part[i] = rows_i.contiguous();
-      }
-      pieces.push_back(run_checked(part));
-      if (n <= 0)
-        break;
-    }
-    auto results = std::move(pieces.front());
-    const auto first_rows = std::max(std::min(piece, rows), _min_rows);
-    for (std::size_t r = 0; r < results.size(); ++r) {
-      if (results[r].dim() == 0 || results[r].size(0) != first_rows)
-        continue; // the same for every row
-      std::vector<at::Tensor> parts;
-      for (std::size_t p = 0; p < pieces.size(); ++p) {
-        const auto& t = p == 0 ? results[r] : pieces[p][r];
-        const auto n = std::min(piece, rows - static_cast<std::int64_t>(p) * piece);
-        parts.push_back(t.narrow(0, 0, std::max<std::int64_t>(n, 0)));
-      }
-      results[r] = parts.size() == 1 ? parts.front() : at::cat(parts);
-    }
-    return results;
-  }
+  if (rows >= 0 && rows < _min_rows)
+    return run_padded(args, rows);
+  if (rows > _max_rows)
+    return run_split(args, rows);
   return run_checked(args);
+}
+
+// Fewer rows than the graph was exported for (one host point, an active set down to one
+// row): the last row repeated (zeros for none), the results cut back in place.
+std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
+                                          std::int64_t rows) const {
+  std::vector<at::Tensor> padded(args.size());
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    if (!_signature.inputs[i].batched()) {
+      padded[i] = args[i];
+      continue;
+    }
+    auto sizes = args[i].sizes().vec();
+    sizes[0] = _min_rows;
+    if (rows == 0)
+      padded[i] = at::zeros(sizes, args[i].options());
+    else if (args[i].is_cpu()) { // copied by hand: a third of the cost of cat/expand
+      padded[i] = at::empty(sizes, args[i].options());
+      const auto row = args[i].nbytes() / rows;
+      auto* to = static_cast<char*>(padded[i].data_ptr());
+      const auto* from = static_cast<const char*>(args[i].const_data_ptr());
+      std::memcpy(to, from, rows * row);
+      for (auto r = rows; r < _min_rows; ++r)
+        std::memcpy(to + r * row, from + (rows - 1) * row, row);
+    } else {
+      sizes[0] = _min_rows - rows;
+      padded[i] = at::cat({args[i], args[i].narrow(0, rows - 1, 1).expand(sizes)});
+    }
+  }
+  auto results = run_checked(padded);
+  for (auto& r : results)
+    if (r.dim() > 0 && r.size(0) == _min_rows) {
+      // The graph's own fresh result, cut to the rows asked for in place (strides kept):
+      // what narrow() gives without a dispatch.
+      auto sizes = r.sizes().vec();
+      sizes[0] = rows;
+      r.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, r.strides());
+    }
+  return results;
+}
+
+// More rows than the graph was exported for: pieces of the largest batch it takes (the
+// last padded if need be), their per-row results joined.
+std::vector<at::Tensor> Graph::run_split(const std::vector<at::Tensor>& args,
+                                         std::int64_t rows) const {
+  std::vector<std::vector<at::Tensor>> pieces;
+  for (std::int64_t first = 0; first < rows; first += _max_rows) {
+    auto part = args;
+    for (std::size_t i = 0; i < part.size(); ++i)
+      if (_signature.inputs[i].batched())
+        part[i] = args[i].narrow(0, first, std::min(_max_rows, rows - first));
+    pieces.push_back(run(part));
+  }
+  auto results = std::move(pieces.front());
+  for (std::size_t r = 0; r < results.size(); ++r) {
+    if (results[r].dim() == 0 || results[r].size(0) != _max_rows)
+      continue; // the same for every row
+    std::vector<at::Tensor> parts = {results[r]};
+    for (std::size_t p = 1; p < pieces.size(); ++p)
+      parts.push_back(pieces[p][r]);
+    results[r] = at::cat(parts);
+  }
+  return results;
 }
 
 std::vector<at::Tensor> Graph::run_checked(const std::vector<at::Tensor>& args) const {

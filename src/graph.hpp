@@ -81,6 +81,10 @@ public:
 
 private:
   [[nodiscard]] std::vector<at::Tensor> run_checked(const std::vector<at::Tensor>& args) const;
+  [[nodiscard]] std::vector<at::Tensor> run_padded(const std::vector<at::Tensor>& args,
+                                                   std::int64_t rows) const;
+  [[nodiscard]] std::vector<at::Tensor> run_split(const std::vector<at::Tensor>& args,
+                                                  std::int64_t rows) const;
   [[noreturn]] void fail(const std::string& what) const;
 
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> _loader;
