@@ -628,29 +628,23 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
       grads.push_back(grad.reshape(with_rows(state.rows, {&param.base_shape})));
     }
     results = std::move(grads);
-  } else if (op == Operation::param_jacobian) {
-    for (const auto& [o, p] : _param_jacobian_blocks) {
-      const auto& out = _artifact.outputs[o];
-      const auto& param = _artifact.parameters[p];
-      const auto shape = with_rows(state.rows, {&out.base_shape, &param.base_shape});
+  } else if (op == Operation::param_jacobian || op == Operation::jacobian) {
+    // d(out)/d(column) as (rows, *out_base, *in_base); zero where nothing depends on it.
+    const auto block = [&](const VariableSpec& out, std::size_t column, const Shape& in_base) {
+      const auto shape = with_rows(state.rows, {&out.base_shape, &in_base});
       const auto it = state.derivatives.find(out.name);
-      const auto column = n_inputs + p;
-      const auto& d = it == state.derivatives.end() || it->second.size() <= column
-                          ? at::Tensor()
-                          : it->second[column];
-      results.push_back(d.defined() ? d.reshape(shape)
-                                    : at::zeros(shape, results.front().options()));
-    }
-  } else if (op == Operation::jacobian) {
-    for (const auto& [o, i] : _jacobian_blocks) {
-      const auto& out = _artifact.outputs[o];
-      const auto& in = _artifact.inputs[i];
-      const auto shape = with_rows(state.rows, {&out.base_shape, &in.base_shape});
-      const auto it = state.derivatives.find(out.name);
-      const auto& d = it == state.derivatives.end() ? at::Tensor() : it->second[i];
-      results.push_back(d.defined() ? d.reshape(shape)
-                                    : at::zeros(shape, results.front().options()));
-    }
+      const bool known = it != state.derivatives.end() && column < it->second.size() &&
+                         it->second[column].defined();
+      return known ? it->second[column].reshape(shape)
+                   : at::zeros(shape, results.front().options());
+    };
+    if (op == Operation::param_jacobian)
+      for (const auto& [o, p] : _param_jacobian_blocks)
+        results.push_back(
+            block(_artifact.outputs[o], n_inputs + p, _artifact.parameters[p].base_shape));
+    else
+      for (const auto& [o, i] : _jacobian_blocks)
+        results.push_back(block(_artifact.outputs[o], i, _artifact.inputs[i].base_shape));
   } else if (op == Operation::jvp) {
     for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
       const auto& out = _artifact.outputs[o];
