@@ -316,12 +316,10 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
     v.name = r.get<std::string>(entry, "name", f);
     v.var_size = r.get<std::int64_t>(entry, "var_size", f);
     v.base_shape = r.get<Shape>(entry, "base_shape", f);
-    std::int64_t numel = 1;
-    for (auto d : v.base_shape)
-      numel *= d;
-    if (v.var_size != numel)
-      r.fail(f + ".var_size", fmt::format("{} for base_shape [{}] of {} values", v.var_size,
-                                          fmt::join(v.base_shape, ", "), numel));
+    if (v.var_size != detail::numel(v.base_shape))
+      r.fail(f + ".var_size",
+             fmt::format("{} for base_shape [{}] of {} values", v.var_size,
+                         fmt::join(v.base_shape, ", "), detail::numel(v.base_shape)));
     if (!r.get_or<Shape>(entry, "sub_batch_shape", f, {}).empty())
       unsupported(r, f, "a sub-batched implicit variable",
                   "solve it with eager NEML2 or without sub-batch axes");
@@ -575,10 +573,7 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
                                              name));
       }
     }
-    std::int64_t numel = 1;
-    for (auto s : p.shape)
-      numel *= s;
-    if (numel != static_cast<std::int64_t>(p.values.size()))
+    if (detail::numel(p.shape) != static_cast<std::int64_t>(p.values.size()))
       r.fail(field + ".values",
              fmt::format("{} values for shape [{}]", p.values.size(), fmt::join(p.shape, ", ")));
     a.parameters.push_back(std::move(p));

@@ -304,10 +304,9 @@ void Graph::expect(const std::vector<std::optional<Shape>>& arguments, std::size
                        shape_of(_signature.inputs[i].sizes), shape_of(*arguments[i])));
 }
 
-void Graph::expect_results(std::vector<Result> results, c10::ScalarType dtype) {
-  if (results.size() != _signature.num_outputs)
-    fail(fmt::format("it returns {} results, metadata.json implies {}", _signature.num_outputs,
-                     results.size()));
+void Graph::expect(const std::vector<std::optional<Shape>>& arguments, std::vector<Result> results,
+                   c10::ScalarType dtype) {
+  expect(arguments, results.size());
   _results = std::move(results);
   _result_dtype = dtype;
   // The probe: zeros of the shapes the graph takes, at its smallest batch.

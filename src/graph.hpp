@@ -65,14 +65,15 @@ public:
   /// nullopt where metadata.json does not say) and the number of results.
   void expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results) const;
 
-  /// What each result must be: `(rows or 1, *trailing)` in `dtype`; with `broadcast`,
+  /// The same, and what each result must be: `(rows or 1, *trailing)` in `dtype`; with `broadcast`,
   /// trailing sizes of 1 are accepted too (Jacobian blocks that do not vary). Checked
   /// now, on one probe call of zeros, and after every call.
   struct Result {
     Shape trailing;
     bool broadcast = false;
   };
-  void expect_results(std::vector<Result> results, c10::ScalarType dtype);
+  void expect(const std::vector<std::optional<Shape>>& arguments, std::vector<Result> results,
+              c10::ScalarType dtype);
 
   /// Runs the graph on dense row-major `(rows, ...)` arguments (unbatched ones as the
   /// graph takes them). Checked against the signature; a call with fewer rows than the

@@ -9,7 +9,6 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <numeric>
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
@@ -18,13 +17,6 @@
 
 namespace neml2::detail {
 namespace {
-
-std::int64_t numel(const Shape& shape) {
-  std::int64_t n = 1;
-  for (auto d : shape)
-    n *= d;
-  return n;
-}
 
 Shape with_rows(std::int64_t rows, std::initializer_list<const Shape*> parts) {
   Shape s{rows};
@@ -225,8 +217,7 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
       auto per_row = param.base_shape;
       per_row.insert(per_row.begin(), -1);
       per_row_state.emplace_back(per_row);
-      param_width += std::accumulate(param.base_shape.begin(), param.base_shape.end(),
-                                     std::int64_t(1), std::multiplies<>());
+      param_width += numel(param.base_shape);
     }
     blocks(a_and_b, u);
     a_and_given = a_and_dparam = a_and_b;

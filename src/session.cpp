@@ -18,19 +18,13 @@ namespace neml2 {
 namespace {
 
 using detail::Graph;
+using detail::numel;
 
 Shape concat(std::initializer_list<const Shape*> parts) {
   Shape s;
   for (const auto* p : parts)
     s.insert(s.end(), p->begin(), p->end());
   return s;
-}
-
-std::int64_t numel(const Shape& s) {
-  std::int64_t n = 1;
-  for (auto d : s)
-    n *= d;
-  return n;
 }
 
 // A bare accelerator family means the current device of that family: pin it now, so that
@@ -293,8 +287,7 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     if (package.empty())
       return Graph{};
     Graph graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
-    graph.expect(takes, results.size());
-    graph.expect_results(std::move(results), dtype);
+    graph.expect(takes, std::move(results), dtype);
     return graph;
   };
   m.value_graph = load(seg.package, "package", arguments, outputs);

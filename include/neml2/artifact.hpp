@@ -23,6 +23,16 @@ namespace neml2 {
 
 using Shape = std::vector<std::int64_t>;
 
+namespace detail {
+/// The number of values of a shape (1 for `[]`).
+inline std::int64_t numel(const Shape& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape)
+    n *= d;
+  return n;
+}
+} // namespace detail
+
 /// The metadata schema versions this library reads.
 inline constexpr int supported_schema_versions[] = {14};
 
