@@ -35,7 +35,19 @@ targets=(test_cuda bench_sync_chunking bench_hybrid)
 [ "${NEML2_DISPATCH_GPU_TESTS:-ON}" = ON ] && targets+=(artifact_elasticity_gpu)
 cmake --build build-gpu -j "$(nproc)" --target "${targets[@]}" > "$out/build.log" 2>&1 \
   || { tail -50 "$out/build.log"; exit 1; }
-ctest --test-dir build-gpu --output-on-failure -L gpu 2>&1 | tee "$out/ctest.log"
+# Every `gpu` test must run and pass: a skip (no device visible) fails the check.
+require_gpu=(); [ "${NEML2_DISPATCH_GPU_TESTS:-ON}" = ON ] && require_gpu=(NEML2_DISPATCH_REQUIRE_GPU=1)
+status=0
+env "${require_gpu[@]}" ctest --test-dir build-gpu --output-on-failure -L gpu > "$out/ctest.log" 2>&1 \
+  || status=$?
+cat "$out/ctest.log"
+ran=$(sed -nE 's/.* tests failed out of ([0-9]+)/\1/p' "$out/ctest.log" | tail -n 1)
+if [ "$status" -ne 0 ] || [ "${ran:-0}" -eq 0 ] || grep -q "did not run" "$out/ctest.log"; then
+  verdict="FAILED: not every gpu test ran and passed (ctest status $status, ${ran:-0} tests)"
+else
+  verdict="passed: all ${ran} gpu tests ran"
+fi
+[ "${NEML2_DISPATCH_GPU_TESTS:-ON}" = ON ] || verdict="rehearsal only (NEML2_DISPATCH_GPU_TESTS=OFF): $verdict"
 build-gpu/bench/bench_sync_chunking --benchmark_repetitions=5 \
   --benchmark_enable_random_interleaving=true --benchmark_min_time=0.1 \
   --benchmark_out="$out/bench_sync_chunking.json" --benchmark_out_format=json > /dev/null 2>&1
@@ -48,3 +60,9 @@ if [ -x build-gpu/bench/bench_hybrid ]; then
     > /dev/null 2>&1
   "$python" tools/bench_hybrid.py "$out/bench_hybrid.json" | tee -a "$out/bench.txt"
 fi
+
+echo
+echo "=== gpu-check summary"
+echo "tests: $verdict"
+[ -f "$out/bench.txt" ] && sed 's/^/bench: /' "$out/bench.txt"
+case "$verdict" in FAILED*|*FAILED*) exit 1 ;; esac

@@ -4,6 +4,7 @@
 
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <cstdio>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 
@@ -118,6 +119,11 @@ TEST_CASE("CUDA graphs in the cpu folder are refused at load, naming the file") 
 
 int main(int argc, char** argv) {
   if (!at::hasCUDA()) {
+    // scripts/gpu-check.sh sets NEML2_DISPATCH_REQUIRE_GPU: there a missing GPU fails.
+    if (std::getenv("NEML2_DISPATCH_REQUIRE_GPU")) {
+      std::puts("FAILED: no CUDA device is visible, and NEML2_DISPATCH_REQUIRE_GPU is set");
+      return 1;
+    }
     std::puts("SKIPPED: no CUDA device is visible; the CUDA tests need one");
     return 77;
   }
