@@ -40,14 +40,25 @@ std::map<std::string, at::Tensor> inputs(std::int64_t batch, std::int64_t percen
 }
 
 // forward() on the case's inputs, after a few calls that are not measured (the first calls
-// of a graph are slow: lazy initialization in the runtime).
+// of a graph are slow: lazy initialization in the runtime). A call in which some rows fail
+// to converge still counts; the counter `failed_calls` says how many did.
 template <class Model>
 void measure(benchmark::State& state, Model& model) {
   const auto x = inputs(state.range(0), state.range(1));
+  std::int64_t failed = 0;
+  const auto call = [&] {
+    try {
+      benchmark::DoNotOptimize(model.forward(x));
+    } catch (const std::exception&) { // NEML2's and our ConvergenceError
+      ++failed;
+    }
+  };
   for (int i = 0; i < 3; ++i)
-    benchmark::DoNotOptimize(model.forward(x));
+    call();
+  failed = 0;
   for (auto _ : state)
-    benchmark::DoNotOptimize(model.forward(x));
+    call();
+  state.counters["failed_calls"] = static_cast<double>(failed);
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 
