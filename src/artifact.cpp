@@ -352,12 +352,23 @@ std::vector<std::string> optional_names(const json& s, const char* key, const st
                          : std::vector<std::string>{};
 }
 
+// A derivative solve's descriptor ({kind: direct | krylov, krylov?}): whether it is
+// iterative. Iterative ones have no baked solve graph; we solve the assembled A instead.
+bool sensitivity_is_iterative(const json& s, const char* key, const std::string& field,
+                              const JsonReader& r) {
+  if (!s.contains(key))
+    return false;
+  const auto where = join(field, key);
+  const auto kind = r.get<std::string>(s[key], "kind", where);
+  if (kind != "direct" && kind != "krylov")
+    r.fail(where + ".kind", fmt::format("'{}' is not a sensitivity solve neml2-dispatch knows "
+                                        "(supported: direct, krylov)",
+                                        kind));
+  return kind == "krylov";
+}
+
 ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
                                       const JsonReader& r) {
-  for (const auto* key : {"matvec_package", "precond_setup_package", "precond_apply_package"})
-    if (s.contains(key))
-      unsupported(r, field, fmt::format("a Krylov linear solve ({})", key),
-                  "compile the model with a direct linear solver (DenseLU)");
   if (s.contains("predictor_feedback"))
     unsupported(r, field, "an iterated predictor (predictor_feedback)",
                 "use a predictor without feedback iterations");
@@ -365,14 +376,20 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
   seg.residual_package = r.package(s, "residual_package", field, true);
   seg.jacobian_package = r.package(s, "jacobian_package", field, false);
   seg.solve_package = r.package(s, "solve_package", field, false);
-  if (seg.jacobian_package.empty() || seg.solve_package.empty())
-    r.fail(field + ".solve_package", "a direct-solve segment needs jacobian_package and "
-                                     "solve_package");
+  seg.matvec_package = r.package(s, "matvec_package", field, false);
+  seg.precond_setup_package = r.package(s, "precond_setup_package", field, false);
+  seg.precond_apply_package = r.package(s, "precond_apply_package", field, false);
+  if (seg.matvec_package.empty() && (seg.jacobian_package.empty() || seg.solve_package.empty()))
+    r.fail(field + ".solve_package", "a segment needs jacobian_package and solve_package (a "
+                                     "direct solve) or matvec_package (a Krylov solve)");
+  if (seg.precond_setup_package.empty() != seg.precond_apply_package.empty())
+    r.fail(field + (seg.precond_setup_package.empty() ? ".precond_setup_package"
+                                                      : ".precond_apply_package"),
+           "a preconditioner needs both precond_setup_package and precond_apply_package");
+  if (!seg.precond_setup_package.empty() && seg.matvec_package.empty())
+    r.fail(field + ".matvec_package", "a preconditioner without a Krylov solve (matvec_package)");
   seg.jacobian_given_package = r.package(s, "jacobian_given_package", field, false);
   seg.solve_ift_package = r.package(s, "solve_ift_package", field, false);
-  if (!seg.jacobian_given_package.empty() && seg.solve_ift_package.empty())
-    unsupported(r, field, "an iterative input-sensitivity solve (no solve_ift_package)",
-                "compile the model with a direct linear solver");
   seg.predictor_package = r.package(s, "predictor_package", field, false);
   seg.predictor_inputs = optional_names(s, "predictor_inputs", field, r);
   seg.predictor_outputs = optional_names(s, "predictor_outputs", field, r);
@@ -386,13 +403,13 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
   seg.max_substepping_level = r.get_or<std::int64_t>(s, "max_substepping_level", field, 0);
   seg.incremental_variables =
       r.get_or<std::vector<std::string>>(s, "incremental_variables", field, {});
-  if (s.contains("input_sensitivity")) {
-    const auto kind =
-        r.get<std::string>(s["input_sensitivity"], "kind", field + ".input_sensitivity");
-    if (kind != "direct")
-      unsupported(r, field, fmt::format("a '{}' input sensitivity solve", kind),
-                  "compile the model with a direct linear solver");
-  }
+  seg.iterative_input_sensitivity = sensitivity_is_iterative(s, "input_sensitivity", field, r);
+  if (!seg.jacobian_given_package.empty() && seg.solve_ift_package.empty() &&
+      !seg.iterative_input_sensitivity)
+    r.fail(field + ".solve_ift_package", "missing for a direct input sensitivity");
+  if (seg.iterative_input_sensitivity && seg.jacobian_package.empty())
+    r.fail(field + ".jacobian_package", "an iterative input sensitivity solves the assembled A "
+                                        "of the jacobian graph");
   if (s.contains("jacobian_pairs"))
     each_entry(s, "jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
       seg.jacobian_pairs.push_back(
@@ -403,9 +420,11 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
     });
   seg.dr_dparam_package = r.package(s, "dr_dparam_package", field, false);
   seg.solve_param_package = r.package(s, "solve_param_package", field, false);
+  seg.iterative_param_sensitivity = sensitivity_is_iterative(s, "param_sensitivity", field, r);
   if (!seg.dr_dparam_package.empty() && seg.solve_param_package.empty())
     unsupported(r, field, "an iterative parameter sensitivity solve (no solve_param_package)",
-                "compile the model with a direct linear solver");
+                "give the ImplicitUpdate a direct param_sensitivity_solver (DenseLU) and "
+                "recompile");
   if (!seg.dr_dparam_package.empty())
     each_entry(s, "param_jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
       seg.param_jacobian_pairs.push_back(
@@ -427,9 +446,25 @@ SolverConfig read_solver_config(const json& c, const JsonReader& r) {
   config.ls_cutback = r.get_or<double>(c, "ls_cutback", f, config.ls_cutback);
   config.ls_c = r.get_or<double>(c, "ls_c", f, config.ls_c);
   config.solver_kind = r.get_or<std::string>(c, "solver_kind", f, config.solver_kind);
-  if (config.solver_kind != "direct")
+  if (config.solver_kind != "direct" && config.solver_kind != "krylov")
     unsupported(r, f, fmt::format("solver_kind '{}'", config.solver_kind),
-                "compile the model with a direct linear solver (DenseLU)");
+                "the solver kinds run here are direct and krylov (GMRES)");
+  if (config.solver_kind == "krylov") {
+    const auto kf = f + ".krylov";
+    const auto& k = r.at(c, "krylov", f);
+    auto& g = config.krylov;
+    g.method = r.get_or<std::string>(k, "method", kf, g.method);
+    g.restart = r.get_or<std::int64_t>(k, "restart", kf, g.restart);
+    g.max_its = r.get_or<std::int64_t>(k, "max_its", kf, g.max_its);
+    g.abs_tol = r.get_or<double>(k, "abs_tol", kf, g.abs_tol);
+    g.rel_tol = r.get_or<double>(k, "rel_tol", kf, g.rel_tol);
+    g.cache_strategy = r.get_or<std::string>(k, "cache_strategy", kf, g.cache_strategy);
+    g.cache_max_its = r.get_or<std::int64_t>(k, "cache_max_its", kf, g.cache_max_its);
+    if (const auto why = detail::check_krylov(g))
+      throw FatalError(fmt::format("{}: {}.{}; regenerate the artifact with neml2-compile (a "
+                                   "GMRES linear_solver with these settings)",
+                                   r.file, kf, *why));
+  }
   if (config.ls_type != "BACKTRACKING" && config.ls_type != "STRONG_WOLFE")
     unsupported(r, f, fmt::format("a '{}' line search", config.ls_type),
                 "use linesearch_type = BACKTRACKING or STRONG_WOLFE");
@@ -529,6 +564,24 @@ Artifact read_artifact(const fs::path& root) {
 
 namespace detail {
 
+std::optional<std::string> check_krylov(const SolverConfig::Krylov& k) {
+  if (k.method != "gmres")
+    return fmt::format("method is '{}'; the Krylov methods run here: gmres", k.method);
+  if (k.cache_strategy != "none" && k.cache_strategy != "chord" && k.cache_strategy != "max_its")
+    return fmt::format("cache_strategy is '{}'; the cache strategies run here: none, chord, "
+                       "max_its",
+                       k.cache_strategy);
+  if (k.restart < 1)
+    return fmt::format("restart is {}; it must be >= 1", k.restart);
+  if (k.max_its < 1)
+    return fmt::format("max_its is {}; it must be >= 1", k.max_its);
+  if (!(k.abs_tol >= 0) || !(k.rel_tol >= 0))
+    return fmt::format("abs_tol is {} and rel_tol {}; both must be >= 0", k.abs_tol, k.rel_tol);
+  if (k.cache_max_its < 0)
+    return fmt::format("cache_max_its is {}; it must be >= 0", k.cache_max_its);
+  return std::nullopt;
+}
+
 Artifact parse_metadata(std::string_view text, const fs::path& root) {
   const auto file = root / "metadata.json";
   json meta;
@@ -605,6 +658,14 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
   }
   if (meta.contains("solver_config"))
     a.solver_config = read_solver_config(meta["solver_config"], r);
+  // The solver kind and the segments' graphs must agree: a Krylov step needs its matvec.
+  const bool krylov = a.solver_config && a.solver_config->solver_kind == "krylov";
+  for (std::size_t i = 0; i < a.segments.size(); ++i)
+    if (const auto* s = std::get_if<ImplicitSegment>(&a.segments[i]);
+        s && s->matvec_package.empty() == krylov)
+      r.fail(fmt::format("segments[{}].{}", i, krylov ? "matvec_package" : "solve_package"),
+             krylov ? "missing for solver_kind 'krylov'"
+                    : "a matvec_package (a Krylov solve) under a direct solver_kind");
   return a;
 }
 

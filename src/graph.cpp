@@ -291,7 +291,75 @@ void Graph::fail(const std::string& what) const {
                                _file, _listed_as, what));
 }
 
-void Graph::expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results) const {
+// A graph exported with a static batch (neml2-compile `[Settings] dynamic_batch = false`)
+// checks a fixed leading size where a dynamic one checks a range: its batch axes are those
+// metadata.json calls batched (-1), or, where it does not say, every input's leading axis
+// when all share one size. They become a range [N, N], so the padding and splitting below
+// serve other batch sizes; a probe of one row repeated tells whether rows are
+// interchangeable at all (a per-row tensor baked in makes each row different).
+void Graph::pin_fixed_batch(const std::vector<std::optional<Shape>>& arguments) {
+  auto& inputs = _signature.inputs;
+  if (_fixed_rows > 0 || inputs.empty() ||
+      std::any_of(inputs.begin(), inputs.end(), [](const GraphInput& in) { return in.batched(); }))
+    return;
+  std::vector<std::size_t> axes;
+  for (std::size_t i = 0; i < inputs.size() && i < arguments.size(); ++i)
+    if (arguments[i] && !arguments[i]->empty() && arguments[i]->front() < 0)
+      axes.push_back(i);
+  if (axes.empty() &&
+      std::none_of(arguments.begin(), arguments.end(), [](const auto& a) { return a.has_value(); }))
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      if (!inputs[i].sizes.empty())
+        axes.push_back(i);
+  if (axes.empty())
+    return;
+  const auto rows = inputs[axes.front()].sizes.front();
+  for (auto i : axes)
+    if (inputs[i].sizes.empty() || inputs[i].sizes.front() != rows)
+      return; // no common batch: the argument checks below say what differs
+  for (auto i : axes) {
+    inputs[i].sizes.front() = -1;
+    inputs[i].min_rows = inputs[i].max_rows = rows;
+  }
+  _fixed_rows = _min_rows = _max_rows = rows;
+  if (rows < 2)
+    return;
+  std::vector<at::Tensor> probe;
+  for (const auto& in : inputs) {
+    auto sizes = in.sizes;
+    const auto options = at::TensorOptions()
+                             .dtype(in.dtype.empty() ? _result_dtype : dtype_from_name(in.dtype))
+                             .device(_torch_device);
+    if (!in.batched()) {
+      probe.push_back(at::zeros(sizes, options));
+      continue;
+    }
+    sizes.front() = 1;
+    const auto row = at::linspace(0.3, 0.7, numel(Shape(sizes.begin(), sizes.end())), options);
+    sizes.front() = rows;
+    probe.push_back(row.reshape(Shape(sizes.begin() + 1, sizes.end())).expand(sizes).contiguous());
+  }
+  std::vector<at::Tensor> results;
+  try {
+    results = run_checked(probe);
+  } catch (const FatalError&) { // cannot tell: refuse other batch sizes rather than guess
+    _rows_differ = true;
+    return;
+  }
+  for (const auto& r : results) {
+    if (r.dim() == 0 || r.size(0) != rows)
+      continue;
+    const auto first = r.narrow(0, 0, 1);
+    const auto same =
+        ((r - first).abs() <= 1e-12 * (1 + first.abs())) | (at::isnan(r) & at::isnan(first));
+    _rows_differ = _rows_differ || !same.all().item<bool>();
+  }
+}
+
+void Graph::expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results) {
+  pin_fixed_batch(arguments);
+  if (results == unchecked_results)
+    return;
   if (_signature.num_inputs != arguments.size())
     fail(fmt::format("it takes {} arguments, metadata.json implies {}", _signature.num_inputs,
                      arguments.size()));
@@ -349,6 +417,14 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
       fail(fmt::format("argument {} has shape {}, the graph takes {}", i,
                        t.defined() ? shape_text(t.sizes()) : "undefined", shape_of(in.sizes)));
   }
+  if (_rows_differ && rows >= 0 && rows != _fixed_rows)
+    throw FatalError(fmt::format(
+        "graph '{}' was compiled for exactly {} rows (neml2-compile with [Settings] "
+        "dynamic_batch = false) and gives equal rows different results (a per-row tensor baked "
+        "into it, e.g. a [Tensors] entry bound to a coefficient), so a call of {} rows has no "
+        "meaning: call it with batches of exactly {} rows (SyncChunking batch_size = {}), or "
+        "make that tensor a promoted parameter (-p) and recompile with a dynamic batch",
+        _file, _fixed_rows, rows, _fixed_rows, _fixed_rows));
   if (rows >= 0 && rows < _min_rows)
     return run_padded(args, rows);
   if (rows > _max_rows)

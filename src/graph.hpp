@@ -24,6 +24,10 @@ class AOTIModelPackageLoader;
 
 namespace neml2::detail {
 
+/// Graph::expect's result count for a graph metadata.json says nothing about (a
+/// preconditioner's state): only the graph's own signature is checked, at every call.
+inline constexpr std::size_t unchecked_results = std::numeric_limits<std::size_t>::max();
+
 /// What a graph's generated wrapper checks of one input.
 struct GraphInput {
   std::string dtype;               ///< "float64", ...; empty when unchecked
@@ -62,8 +66,18 @@ public:
   [[nodiscard]] const GraphSignature& signature() const noexcept { return _signature; }
 
   /// Load-time checks against metadata.json: each argument's shape (-1 for the batch axis;
-  /// nullopt where metadata.json does not say) and the number of results.
-  void expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results) const;
+  /// nullopt where metadata.json does not say) and the number of results. A graph exported
+  /// for a fixed batch (`[Settings] dynamic_batch = false`) takes its batch axes from them:
+  /// see fixed_rows().
+  void expect(const std::vector<std::optional<Shape>>& arguments, std::size_t results);
+
+  /// The batch a fixed-batch graph was exported for (0: a dynamic batch). Other batch sizes
+  /// are padded and split as below its minimum and above its maximum, unless its rows are
+  /// not interchangeable (rows_differ()): then they are refused.
+  [[nodiscard]] std::int64_t fixed_rows() const noexcept { return _fixed_rows; }
+  /// Whether a fixed-batch graph treats equal rows differently (a per-row tensor baked
+  /// in, e.g. a [Tensors] entry bound to a coefficient), found by one probe call at load.
+  [[nodiscard]] bool rows_differ() const noexcept { return _rows_differ; }
 
   /// The same, and what each result must be: `(rows or 1, *trailing)` in `dtype`; with `broadcast`,
   /// trailing sizes of 1 are accepted too (Jacobian blocks that do not vary). Checked
@@ -87,6 +101,7 @@ private:
   [[nodiscard]] std::vector<at::Tensor> run_split(const std::vector<at::Tensor>& args,
                                                   std::int64_t rows) const;
   [[noreturn]] void fail(const std::string& what) const;
+  void pin_fixed_batch(const std::vector<std::optional<Shape>>& arguments);
 
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> _loader;
   std::string _file, _listed_as, _device;
@@ -95,6 +110,8 @@ private:
   std::vector<Result> _results; // empty: only their number is known
   c10::ScalarType _result_dtype = c10::kDouble;
   std::int64_t _min_rows = 0, _max_rows = std::numeric_limits<std::int64_t>::max();
+  std::int64_t _fixed_rows = 0;
+  bool _rows_differ = false;
 };
 
 } // namespace neml2::detail

@@ -31,6 +31,25 @@ at::Tensor row_norm(const std::vector<at::Tensor>& b, std::size_t first) {
   return squares.sqrt();
 }
 
+// Flat `(rows, n)` <-> one tensor per group `(rows, width)`.
+at::Tensor flatten(const std::vector<at::Tensor>& groups) {
+  std::vector<at::Tensor> flat;
+  for (const auto& g : groups)
+    flat.push_back(g.reshape({g.size(0), -1}));
+  return flat.size() == 1 ? flat.front() : at::cat(flat, 1);
+}
+
+std::vector<at::Tensor> split(const at::Tensor& flat, const std::vector<at::Tensor>& like) {
+  std::vector<at::Tensor> groups;
+  std::int64_t offset = 0;
+  for (const auto& g : like) {
+    const auto width = g.numel() / std::max<std::int64_t>(g.size(0), 1);
+    groups.push_back(flat.narrow(1, offset, width).contiguous());
+    offset += width;
+  }
+  return groups;
+}
+
 void select_rows(std::vector<at::Tensor>& tensors, const at::Tensor& keep) {
   for (auto& t : tensors)
     t = t.index_select(0, keep);
@@ -40,7 +59,11 @@ void select_rows(std::vector<at::Tensor>& tensors, const at::Tensor& keep) {
 // (undefined while the working set is the whole batch, in order).
 struct WorkingSet {
   at::Tensor index;
-  std::vector<at::Tensor> u, givens, jacobian; // jacobian: the last jacobian graph's outputs
+  // jacobian: the last jacobian graph's outputs (a Krylov step: the residual graph's b)
+  std::vector<at::Tensor> u, givens, jacobian;
+  // A Krylov step's preconditioner state (per row) and each row's last GMRES iterations.
+  std::vector<at::Tensor> precond;
+  at::Tensor krylov_iterations;
   at::Tensor r0, norm, converged, failed, active;
   std::int64_t n_active = 0;
 
@@ -86,6 +109,9 @@ void compact(WorkingSet& w, BatchState& batch) {
   select_rows(w.u, keep);
   select_rows(w.givens, keep);
   select_rows(w.jacobian, keep);
+  select_rows(w.precond, keep);
+  if (w.krylov_iterations.defined())
+    w.krylov_iterations = w.krylov_iterations.index_select(0, keep);
   w.r0 = w.r0.index_select(0, keep);
   w.norm = w.norm.index_select(0, keep);
   w.converged = w.converged.index_select(0, keep);
@@ -95,13 +121,7 @@ void compact(WorkingSet& w, BatchState& batch) {
 
 // Per-row inner product of two lists of `(rows, ...)` tensors, flattened and joined.
 at::Tensor row_dot(const std::vector<at::Tensor>& a, const std::vector<at::Tensor>& b) {
-  const auto flat = [](const std::vector<at::Tensor>& parts) {
-    std::vector<at::Tensor> f;
-    for (const auto& t : parts)
-      f.push_back(t.reshape({t.size(0), -1}));
-    return f.size() == 1 ? f.front() : at::cat(f, 1);
-  };
-  return (flat(a) * flat(b)).sum(1);
+  return (flatten(a) * flatten(b)).sum(1);
 }
 
 // The line search of NEML2's Newton (as its runtime behaves, measured: see
@@ -158,7 +178,138 @@ bool worth_compacting(const WorkingSet& w, double compact_below) {
          static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
 }
 
+// Per-row inner products of `(rows, n)` vectors.
+at::Tensor row_inner(const at::Tensor& a, const at::Tensor& b) {
+  return (a * b).sum(1);
+}
+
+// A Krylov Newton step du per unknown group: GMRES on the matvec graph at the working
+// set's iterate, for its active rows, with the preconditioner kept as the cache strategy
+// says (none: rebuilt every step; chord: built at the first step of the solve; max_its:
+// rebuilt for the rows whose last linear solve took more than cache_max_its iterations).
+std::vector<at::Tensor> krylov_step(const NewtonGraphs& graphs, WorkingSet& w,
+                                    const std::vector<at::Tensor>& params,
+                                    const SolverConfig::Krylov& config) {
+  const auto args = graph_args(w.u, w.givens, params);
+  KrylovOperators ops;
+  ops.apply = [&](const at::Tensor& v) {
+    auto with_v = args;
+    for (auto& part : split(v, w.u))
+      with_v.push_back(std::move(part));
+    return flatten(graphs.matvec(with_v));
+  };
+  if (graphs.precond_setup) {
+    const bool first = w.precond.empty();
+    if (first || config.cache_strategy == "none")
+      w.precond = graphs.precond_setup(args);
+    else if (config.cache_strategy == "max_its") {
+      const auto stale = w.krylov_iterations > config.cache_max_its;
+      if (stale.any().item<bool>()) {
+        auto fresh = graphs.precond_setup(args);
+        for (std::size_t k = 0; k < fresh.size(); ++k) {
+          auto shape = std::vector<std::int64_t>(static_cast<std::size_t>(fresh[k].dim()), 1);
+          shape[0] = stale.size(0);
+          w.precond[k] = at::where(stale.reshape(shape), fresh[k], w.precond[k]);
+        }
+      }
+    }
+    ops.precondition = [&](const at::Tensor& r) {
+      auto state = w.precond;
+      state.push_back(r.contiguous());
+      return graphs.precond_apply(state).front();
+    };
+  }
+  auto solved = gmres(ops, flatten(w.jacobian), config, w.active);
+  w.krylov_iterations = solved.iterations;
+  return split(solved.x, w.u);
+}
+
 } // namespace
+
+KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
+                   const SolverConfig::Krylov& config, const at::Tensor& active) {
+  const auto precondition = [&](const at::Tensor& r) {
+    return ops.precondition ? ops.precondition(r) : r;
+  };
+  const auto rows = b.size(0);
+  const auto m = config.restart;
+  const auto options = b.options();
+  auto x = at::zeros_like(b);
+  // Left preconditioning: the residual tested is M^-1 (b - A x), against rel_tol ||b||
+  // (NEML2's test: with M^-1 scaled by 1e-6 it stops before any step, by 1e6 it iterates).
+  auto z = precondition(b);
+  auto beta = z.norm(2, 1);
+  const auto tol = at::clamp_min(config.rel_tol * b.norm(2, 1), config.abs_tol);
+  auto converged = beta <= tol;
+  auto iterations = at::zeros({rows}, options.dtype(at::kLong));
+  // Rows still solving (a row with a residual that is not finite has failed in Newton).
+  auto running = ~converged & at::isfinite(beta);
+  if (active.defined())
+    running = running & active;
+  while (running.any().item<bool>()) {
+    // One cycle: the Arnoldi basis of M^-1 A from z, Givens rotations keeping H triangular.
+    std::vector<at::Tensor> basis = {z / at::where(running, beta, 1).unsqueeze(1)};
+    auto h = at::zeros({rows, m + 1, m}, options);
+    auto g = at::zeros({rows, m + 1}, options);
+    g.select(1, 0).copy_(at::where(running, beta, 0));
+    std::vector<at::Tensor> cs, sn;
+    auto open = running.clone(); // rows still extending their basis in this cycle
+    auto used = at::zeros({rows}, options.dtype(at::kLong));
+    for (std::int64_t j = 0; j < m && open.any().item<bool>(); ++j) {
+      auto w = precondition(ops.apply(basis[j]));
+      for (std::int64_t i = 0; i <= j; ++i) { // modified Gram-Schmidt
+        const auto hij = row_inner(w, basis[i]);
+        h.select(2, j).select(1, i).copy_(hij);
+        w = w - hij.unsqueeze(1) * basis[i];
+      }
+      const auto next = w.norm(2, 1);
+      h.select(2, j).select(1, j + 1).copy_(next);
+      basis.push_back(w / at::where(next > 0, next, 1).unsqueeze(1));
+      auto column = h.select(2, j);
+      for (std::int64_t i = 0; i < j; ++i) {
+        const auto top = column.select(1, i).clone(), bottom = column.select(1, i + 1).clone();
+        column.select(1, i).copy_(cs[i] * top + sn[i] * bottom);
+        column.select(1, i + 1).copy_(-sn[i] * top + cs[i] * bottom);
+      }
+      const auto diag = column.select(1, j).clone(), below = column.select(1, j + 1).clone();
+      const auto radius = at::hypot(diag, below);
+      const auto safe = at::where(radius > 0, radius, 1);
+      cs.push_back(at::where(radius > 0, diag / safe, 1));
+      sn.push_back(at::where(radius > 0, below / safe, 0));
+      column.select(1, j).copy_(radius);
+      column.select(1, j + 1).zero_();
+      const auto gj = g.select(1, j).clone();
+      g.select(1, j + 1).copy_(-sn[j] * gj);
+      g.select(1, j).copy_(cs[j] * gj);
+      used = at::where(open, j + 1, used);
+      iterations = iterations + open.to(at::kLong);
+      open = open & (g.select(1, j + 1).abs() > tol) & (next > 0);
+    }
+    // x += V y with R y = g over each row's own `used` columns (identity beyond them).
+    const auto k = static_cast<std::int64_t>(basis.size()) - 1;
+    const auto in_use = at::arange(k, options.dtype(at::kLong)).unsqueeze(0) < used.unsqueeze(1);
+    const auto square = in_use.unsqueeze(2) & in_use.unsqueeze(1);
+    const auto eye = at::eye(k, options).expand({rows, k, k});
+    const auto r = at::where(square, h.narrow(1, 0, k).narrow(2, 0, k), eye);
+    const auto rhs = at::where(in_use, g.narrow(1, 0, k), 0).unsqueeze(2);
+    const auto y = at::linalg_solve_triangular(r, rhs, /*upper=*/true).squeeze(2);
+    const auto step =
+        at::matmul(y.unsqueeze(1),
+                   at::stack(std::vector<at::Tensor>(basis.begin(), basis.end() - 1), 1))
+            .squeeze(1);
+    x = x + at::where(running.unsqueeze(1), step, 0);
+    // NEML2 checks the iteration cap between cycles: a cycle always runs to its end.
+    running = running & (iterations < config.max_its);
+    if (!running.any().item<bool>())
+      break;
+    z = precondition(b - ops.apply(x));
+    beta = z.norm(2, 1);
+    const auto now = running & (beta <= tol);
+    converged = converged | now;
+    running = running & ~now;
+  }
+  return {x, iterations, converged};
+}
 
 NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                           const std::vector<at::Tensor>& givens,
@@ -171,8 +322,11 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
   // need A, and the rest may be compacted first); on small ones from the jacobian graph,
   // one call instead of two when a row iterates.
   const auto rows = w.u.front().size(0);
-  if (rows <= small_batch) {
-    w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
+  const bool krylov = static_cast<bool>(graphs.matvec);
+  // What a step starts from: A and b (direct), or b alone (Krylov: A only through matvec).
+  const auto& operands = krylov ? graphs.residual : graphs.jacobian;
+  if (rows <= small_batch || krylov) {
+    w.jacobian = operands(graph_args(w.u, w.givens, params));
     w.norm = row_norm(w.jacobian, graphs.a_blocks);
   } else
     w.norm = row_norm(graphs.residual(graph_args(w.u, w.givens, params)), 0);
@@ -187,10 +341,10 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
     if (worth_compacting(w, config.compact_below))
       compact(w, batch);
     if (w.jacobian.empty())
-      w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
+      w.jacobian = operands(graph_args(w.u, w.givens, params));
   }
   for (std::int64_t it = 1; it < config.miters && w.n_active > 0; ++it) {
-    auto du = graphs.solve(w.jacobian);
+    auto du = krylov ? krylov_step(graphs, w, params, config.krylov) : graphs.solve(w.jacobian);
     // ls_max_iters = 2 evaluates alpha = 1 only and takes it: the full step, as with 1.
     if (config.ls_max_iters > 2) {
       const auto alpha = line_search(graphs, w, du, params, config).unsqueeze(1);
@@ -206,7 +360,7 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
     }
     // The jacobian graph also returns b = -r at the new iterate: one call checks
     // convergence and prepares the next step.
-    w.jacobian = graphs.jacobian(graph_args(w.u, w.givens, params));
+    w.jacobian = operands(graph_args(w.u, w.givens, params));
     const auto norm = row_norm(w.jacobian, graphs.a_blocks);
     const auto absolute = norm < config.atol;
     auto relative = norm < config.rtol * w.r0;

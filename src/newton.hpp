@@ -16,13 +16,41 @@ namespace neml2::detail {
 /// A compiled graph: flat tensor list in, flat tensor list out.
 using GraphFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
-/// The graphs of one segment's Newton step and how many tensors each returns.
+/// The graphs of one segment's Newton step and how many tensors each returns. A direct
+/// step solves A du = b with `solve`; a Krylov step (`matvec` set; `jacobian` and `solve`
+/// unused, `a_blocks` 0) runs GMRES on the matvec graph, preconditioned when
+/// `precond_setup` and `precond_apply` are set.
 struct NewtonGraphs {
   GraphFn residual; ///< (u groups, g groups, params) -> b = -r per residual group
   GraphFn jacobian; ///< same -> A blocks (residual group x unknown group), then b
   GraphFn solve;    ///< (A blocks, b) -> du per unknown group
   std::size_t a_blocks = 0;
+  GraphFn matvec; ///< (u groups, g groups, params, v per unknown group) -> A v per residual group
+  GraphFn precond_setup; ///< (u groups, g groups, params) -> the preconditioner's state
+  GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`
 };
+
+/// The linear operators of one batch of GMRES solves, on flat `(rows, n)` vectors.
+struct KrylovOperators {
+  std::function<at::Tensor(const at::Tensor&)> apply;        ///< v -> A v
+  std::function<at::Tensor(const at::Tensor&)> precondition; ///< r -> M^-1 r; empty: none
+};
+
+/// Where each row's linear solve ended.
+struct KrylovResult {
+  at::Tensor x;          ///< `(rows, n)`
+  at::Tensor iterations; ///< `(rows,)` int64: Arnoldi steps the row used
+  at::Tensor converged;  ///< `(rows,)` bool: ||M^-1 (b - A x)|| <= max(abs_tol, rel_tol ||b||)
+};
+
+/// @brief Restarted, left-preconditioned GMRES per row, as NEML2 3.1's Krylov loop behaves
+/// (see SolverConfig::Krylov): from x = 0, cycles of at most `restart` Arnoldi steps (a row
+/// stops extending its basis once its residual estimate is within tolerance), each followed
+/// by the update and, while below `max_its`, the true residual. Rows are solved in lock-step
+/// but each row's result depends on that row alone (rows that stopped ride along unused).
+/// Only the rows of `active` are solved (undefined: all); the others get x = 0.
+[[nodiscard]] KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
+                                 const SolverConfig::Krylov& config, const at::Tensor& active = {});
 
 /// Where each row ended.
 struct NewtonResult {

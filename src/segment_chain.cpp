@@ -15,6 +15,8 @@
 
 #include <neml2/errors.hpp>
 
+#include "graph.hpp"
+
 namespace neml2::detail {
 namespace {
 
@@ -93,6 +95,39 @@ SubstepPlan substep_plan(const ImplicitSegment& seg, const std::filesystem::path
                                    root.string(), v.name, v.role));
   }
   return plan;
+}
+
+// What a solve_ift graph returns, for an iterative input sensitivity (no such graph): the
+// blocks du/dg = -A^{-1} B at each pair's offsets, from A and B assembled. NEML2 runs GMRES
+// to its rel_tol on them; A is assembled anyway, so we solve it exactly (on purpose).
+GraphFn dense_ift(const ImplicitSegment& seg, std::size_t a_blocks) {
+  const auto units = seg.unknown_groups.size();
+  return [&seg, a_blocks, units](const std::vector<at::Tensor>& operators) {
+    const auto rows = operators.front().size(0);
+    const auto assemble = [&](std::size_t first, std::size_t count, std::size_t columns) {
+      std::vector<at::Tensor> block_rows;
+      for (std::size_t i = first; i < first + count; i += columns) {
+        std::vector<at::Tensor> row;
+        for (std::size_t j = i; j < i + columns; ++j)
+          row.push_back(operators[j].expand({rows, -1, -1}));
+        block_rows.push_back(at::cat(row, 2));
+      }
+      return at::cat(block_rows, 1);
+    };
+    const auto givens = (operators.size() - a_blocks) / (a_blocks / units);
+    const auto a = assemble(0, a_blocks, units);
+    const auto b = assemble(a_blocks, operators.size() - a_blocks, givens);
+    const auto du_dg = -at::linalg_solve(a, b);
+    std::vector<at::Tensor> pairs;
+    for (const auto& pair : seg.jacobian_pairs) {
+      const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+      pairs.push_back(
+          du_dg.narrow(1, pair.row_offset, nu)
+              .narrow(2, pair.col_offset, ng)
+              .reshape(with_rows(rows, {&pair.unknown_base_shape, &pair.given_base_shape})));
+    }
+    return pairs;
+  };
 }
 
 } // namespace
@@ -229,15 +264,27 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     step.newton.residual = load(s.residual_package, "residual_package", state, r.size());
     step.newton.jacobian = load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size());
     step.newton.solve = load(s.solve_package, "solve_package", a_and_b, u.size());
-    step.newton.a_blocks = a_blocks;
+    step.newton.a_blocks = step.a_blocks = a_blocks;
+    if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
+      auto with_v = state;
+      packed(with_v, u);
+      step.newton.matvec = load(s.matvec_package, "matvec_package", with_v, r.size());
+      step.newton.precond_setup =
+          load(s.precond_setup_package, "precond_setup_package", state, unchecked_results);
+      step.newton.precond_apply =
+          load(s.precond_apply_package, "precond_apply_package", Arguments{},
+               unchecked_results); // (state, r): its own checks
+      step.newton.a_blocks = 0;
+    }
     step.given_blocks = r.size() * g.size();
     step.substeps = substep_plan(s, artifact.root);
     step.predictor = load(s.predictor_package, "predictor_package",
                           Arguments(s.predictor_inputs.size()), s.predictor_outputs.size());
     step.jacobian_given =
         load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
-    step.solve_ift =
-        load(s.solve_ift_package, "solve_ift_package", a_and_given, s.jacobian_pairs.size());
+    step.solve_ift = s.iterative_input_sensitivity ? dense_ift(s, a_blocks)
+                                                   : load(s.solve_ift_package, "solve_ift_package",
+                                                          a_and_given, s.jacobian_pairs.size());
     step.dr_dparam =
         load(s.dr_dparam_package, "dr_dparam_package", per_row_state, a_blocks + r.size());
     step.solve_param = load(s.solve_param_package, "solve_param_package", a_and_dparam,
@@ -303,8 +350,11 @@ void SegmentChain::set_solver_config(const SolverConfig& config) {
     fail("substep_del_tol", fmt::format("is {}; it must be >= 0", config.substep_del_tol));
   if (config.ls_max_iters > 1 && !(config.ls_cutback > 1))
     fail("ls_cutback", fmt::format("is {}; it must be > 1", config.ls_cutback));
-  if (config.solver_kind != "direct")
-    fail("solver_kind", fmt::format("is '{}'; only 'direct' runs here", config.solver_kind));
+  if (config.solver_kind != _config.solver_kind)
+    fail("solver_kind", fmt::format("is '{}'; this artifact's solve is '{}' (its graphs decide it)",
+                                    config.solver_kind, _config.solver_kind));
+  if (const auto why = check_krylov(config.krylov))
+    fail("krylov." + why->substr(0, why->find(' ')), why->substr(why->find(' ') + 1));
   if (!(config.compact_below >= 0 && config.compact_below <= 1))
     fail("compact_below", fmt::format("is {}; it must be within [0, 1]", config.compact_below));
   _config = config;
@@ -437,7 +487,7 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   args.insert(args.end(), givens.begin(), givens.end());
   args.insert(args.end(), params.begin(), params.end());
   auto operators = step.newton.jacobian(args);
-  operators.resize(step.newton.a_blocks);
+  operators.resize(step.a_blocks);
   auto b_blocks = step.jacobian_given(args);
   operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
   auto pairs = step.solve_ift(operators);
@@ -531,7 +581,7 @@ at::Tensor SegmentChain::dense_derivative(const ImplicitStep& step, const ChunkA
   args.insert(args.end(), g.begin(), g.end());
   args.insert(args.end(), params.begin(), params.end());
   auto ops = step.newton.jacobian(args);
-  ops.resize(step.newton.a_blocks);
+  ops.resize(step.a_blocks);
   const auto b_blocks = step.jacobian_given(args);
   ops.insert(ops.end(), b_blocks.begin(), b_blocks.end());
   const auto blocks = step.solve_ift(ops);

@@ -78,6 +78,7 @@ private:
     NewtonGraphs newton;
     GraphFn predictor, jacobian_given, solve_ift, dr_dparam, solve_param;
     std::vector<std::size_t> params;
+    std::size_t a_blocks = 0;     // residual groups x unknown groups (of the jacobian graph)
     std::size_t given_blocks = 0; // residual groups x given groups
     SubstepPlan substeps;
   };

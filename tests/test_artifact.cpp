@@ -215,8 +215,9 @@ TEST_CASE("implicit features not run here are refused at load, naming the featur
        "\"ls_type\": \"MORE_THUENTE\", \"ls_max_iters\": 5",
        "a 'MORE_THUENTE' line search, which neml2-dispatch does not support yet; use "
        "linesearch_type = BACKTRACKING or STRONG_WOLFE"},
-      {"\"solver_kind\": \"direct\"", "\"solver_kind\": \"krylov\"",
-       "solver_kind 'krylov', which neml2-dispatch does not support yet"},
+      {"\"solver_kind\": \"direct\"", "\"solver_kind\": \"multigrid\"",
+       "solver_kind 'multigrid', which neml2-dispatch does not support yet; the solver kinds "
+       "run here are direct and krylov"},
       {"\"kind\": \"implicit\"", "\"kind\": \"iterative\"", "segments[0] is a 'iterative' segment"},
   }};
   for (const auto& [from, to, message] : refused) {

@@ -231,16 +231,16 @@ TEST_CASE("metadata.json with no segments") {
 TEST_CASE("an implicit segment without its Jacobian or solve graph") {
   edited_loading_fails_with(
       "scalar_backward_euler", "model", [](json& m) { m["segments"][0].erase("jacobian_package"); },
-      "field 'segments[0].solve_package': a direct-solve segment needs "
-      "jacobian_package and solve_package");
+      "field 'segments[0].solve_package': a segment needs jacobian_package and solve_package "
+      "(a direct solve) or matvec_package (a Krylov solve)");
 }
 
 TEST_CASE("every other implicit feature not run here is refused at load, by name") {
   // test_artifact.cpp checks the line search, the solver kind and substepping.
   const std::vector<std::pair<std::function<void(json&)>, std::string>> refused = {
       {[](json& s) { s["matvec_package"] = "model_matvec.pt2"; },
-       "segments[0] uses a Krylov linear solve (matvec_package), which neml2-dispatch does not "
-       "support yet"},
+       "field 'segments[0].solve_package': a matvec_package (a Krylov solve) under a direct "
+       "solver_kind"},
       {[](json& s) { s["predictor_feedback"] = json::object(); },
        "uses an iterated predictor (predictor_feedback)"},
       {[](json& s) { s["unknowns"][0]["sub_batch_shape"] = {2}; },
@@ -250,9 +250,9 @@ TEST_CASE("every other implicit feature not run here is refused at load, by name
       {[](json& s) { s["given_group_infos"][0]["sub_batch_shape"] = {2}; },
        "segments[0].given_group_infos[0] uses a sub-batched variable group"},
       {[](json& s) { s["input_sensitivity"]["kind"] = "iterative"; },
-       "uses a 'iterative' input sensitivity solve"},
+       "'iterative' is not a sensitivity solve neml2-dispatch knows (supported: direct, krylov)"},
       {[](json& s) { s.erase("solve_ift_package"); },
-       "uses an iterative input-sensitivity solve (no solve_ift_package)"},
+       "field 'segments[0].solve_ift_package': missing for a direct input sensitivity"},
   };
   for (const auto& [edit, part] : refused) {
     CAPTURE(part);

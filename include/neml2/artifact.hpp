@@ -127,6 +127,15 @@ struct ImplicitSegment {
   /// returns A and dr/dparam; solve_param returns du/dparam per `param_jacobian_pairs` entry.
   std::string dr_dparam_package, solve_param_package;
   std::vector<ParameterJacobianPair> param_jacobian_pairs;
+  /// A matrix-free Krylov Newton step (solver_kind "krylov"): instead of solve_package,
+  /// matvec takes the unknown groups, the given groups, `param_inputs` (stored), then one
+  /// direction v per unknown group, and returns (dr/du) v per residual group. With a
+  /// preconditioner, precond_setup takes what residual takes and returns its state;
+  /// precond_apply takes that state and a flat residual `(B, n)` and returns M^-1 r.
+  std::string matvec_package, precond_setup_package, precond_apply_package;
+  /// The derivative solves -A^{-1} B (input_sensitivity / param_sensitivity kind "krylov"):
+  /// no solve_ift / solve_param graph; the assembled A is solved here instead.
+  bool iterative_input_sensitivity = false, iterative_param_sensitivity = false;
 };
 
 /// One step of the model: a forward graph, or a Newton solve.
@@ -146,7 +155,24 @@ struct SolverConfig {
   std::int64_t ls_max_iters = 1;
   double ls_cutback = 2.0;
   double ls_c = 1e-3;
-  std::string solver_kind = "direct";
+  std::string solver_kind = "direct"; ///< or "krylov" (then `krylov` applies)
+  /// NEML2's GMRES settings (metadata.json `solver_config.krylov`), measured on NEML2 3.1's
+  /// own Krylov loop (docs/artifact-contract.md): left-preconditioned restarted GMRES from
+  /// du = 0 per Newton step; a row's linear solve stops when ||M^-1 (b - A du)|| <=
+  /// max(abs_tol, rel_tol ||b||) (the preconditioned residual, the plain right-hand side), or once
+  /// it has done at least `max_its` iterations at the end of a cycle of `restart` iterations (an
+  /// unconverged solve still takes its step). The preconditioner is rebuilt every Newton step
+  /// (`cache_strategy` none), once per solve (chord), or when the last linear solve took more than
+  /// `cache_max_its` iterations (max_its).
+  struct Krylov {
+    std::string method = "gmres";
+    std::int64_t restart = 40;
+    std::int64_t max_its = 1000;
+    double abs_tol = 0;
+    double rel_tol = 1e-4;
+    std::string cache_strategy = "none"; ///< none | chord | max_its
+    std::int64_t cache_max_its = 10;
+  } krylov;
   /// Ours, not NEML2's: the working set of rows is compacted to the rows still iterating
   /// once they are at most this fraction of it (0 never compacts: converged rows are
   /// still evaluated, masked; 1 compacts whenever a row converged). See docs/performance.md.
@@ -196,6 +222,12 @@ namespace detail {
 [[nodiscard]] std::filesystem::path artifact_root_from_stub(std::string_view text,
                                                             const std::filesystem::path& stub,
                                                             const std::string& model);
+} // namespace detail
+
+namespace detail {
+/// What is wrong with GMRES settings ("method is 'x'; ..." naming the field and the values
+/// supported), or nothing: shared by the metadata reader and set_solver_config.
+[[nodiscard]] std::optional<std::string> check_krylov(const SolverConfig::Krylov& krylov);
 } // namespace detail
 
 /// "float64" <-> at::kDouble, as the artifact folders are named.
