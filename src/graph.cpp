@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <torch/library.h>
 
 #include <neml2/detail/chunking.hpp>
+#include <neml2/detail/graph_calls.hpp>
 #include <neml2/errors.hpp>
 
 namespace fs = std::filesystem;
@@ -178,6 +180,21 @@ std::vector<GraphInput> wrapper_inputs(const std::string& source) {
   return inputs;
 }
 
+std::atomic<const GraphCallObserver*> graph_call_observer{nullptr};
+
+// This thread's padded arguments, reused across calls (a graph keeps none of its
+// arguments): one row padded to two costs no allocation.
+at::Tensor padding_buffer(c10::IntArrayRef sizes, const at::TensorOptions& options) {
+  thread_local std::vector<at::Tensor> buffers;
+  for (const auto& b : buffers)
+    if (b.use_count() == 1 && b.sizes() == sizes && b.dtype() == options.dtype() &&
+        b.device() == options.device())
+      return b;
+  if (buffers.size() == 16) // shapes of many graphs: the oldest goes
+    buffers.erase(buffers.begin());
+  return buffers.emplace_back(at::empty(sizes, options));
+}
+
 std::string shape_of(const std::vector<std::int64_t>& sizes) {
   std::vector<std::string> dims;
   for (auto s : sizes)
@@ -186,6 +203,11 @@ std::string shape_of(const std::vector<std::int64_t>& sizes) {
 }
 
 } // namespace
+
+void observe_graph_calls(GraphCallObserver observer) {
+  const auto* kept = observer ? new GraphCallObserver(std::move(observer)) : nullptr;
+  delete graph_call_observer.exchange(kept);
+}
 
 GraphSignature read_graph_signature(const fs::path& file) {
   GraphSignature s;
@@ -349,10 +371,12 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
       fail(fmt::format("argument {} has shape {}, the graph takes {}", i,
                        t.defined() ? shape_text(t.sizes()) : "undefined", shape_of(in.sizes)));
   }
-  if (rows >= 0 && rows < _min_rows)
-    return run_padded(args, rows);
   if (rows > _max_rows)
     return run_split(args, rows);
+  if (const auto* observer = graph_call_observer.load(std::memory_order_acquire))
+    (*observer)(_file, rows < 0 ? 1 : rows);
+  if (rows >= 0 && rows < _min_rows)
+    return run_padded(args, rows);
   return run_checked(args);
 }
 
@@ -371,7 +395,7 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
     if (rows == 0)
       padded[i] = at::zeros(sizes, args[i].options());
     else if (args[i].is_cpu()) { // copied by hand: a third of the cost of cat/expand
-      padded[i] = at::empty(sizes, args[i].options());
+      padded[i] = padding_buffer(sizes, args[i].options());
       const auto row = args[i].nbytes() / rows;
       auto* to = static_cast<char*>(padded[i].data_ptr());
       const auto* from = static_cast<const char*>(args[i].const_data_ptr());
