@@ -103,6 +103,7 @@ void cases(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch : {1 << 14, 1 << 18, 1 << 20})
     for (std::int64_t chunk : {0, 1 << 14})
       b->Args({batch, chunk});
+  b->Args({1 << 14, 1 << 12}); // a whole batch of 2^14 into the caller's in smaller pieces
   b->UseRealTime();
 }
 

@@ -223,9 +223,13 @@ std::vector<at::Tensor> Gatherer::finish() && {
   for (std::size_t i = 0, k = 0; i < _results.size(); ++i) {
     if (_call.slots()[i].gather != Gather::sum || _sums.empty())
       continue;
+    // Chunk order, each sum first moved to the input device: chunks computed on several
+    // devices add on one (cuda:0 + cuda:1, or cpu + cuda, would throw).
     at::Tensor total;
-    for (const auto& [index, sums] : _sums) // chunk order
-      total = total.defined() ? total + sums[k] : sums[k];
+    for (const auto& [index, sums] : _sums) {
+      const auto sum = sums[k].to(_call.device);
+      total = total.defined() ? total + sum : sum;
+    }
     _into ? void(_results[i].copy_(total)) : void(_results[i] = total);
     ++k;
   }

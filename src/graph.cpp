@@ -182,19 +182,6 @@ std::vector<GraphInput> wrapper_inputs(const std::string& source) {
 
 std::atomic<const GraphCallObserver*> graph_call_observer{nullptr};
 
-// This thread's padded arguments, reused across calls (a graph keeps none of its
-// arguments): one row padded to two costs no allocation.
-at::Tensor padding_buffer(c10::IntArrayRef sizes, const at::TensorOptions& options) {
-  thread_local std::vector<at::Tensor> buffers;
-  for (const auto& b : buffers)
-    if (b.use_count() == 1 && b.sizes() == sizes && b.dtype() == options.dtype() &&
-        b.device() == options.device())
-      return b;
-  if (buffers.size() == 16) // shapes of many graphs: the oldest goes
-    buffers.erase(buffers.begin());
-  return buffers.emplace_back(at::empty(sizes, options));
-}
-
 std::string shape_of(const std::vector<std::int64_t>& sizes) {
   std::vector<std::string> dims;
   for (auto s : sizes)
@@ -203,6 +190,14 @@ std::string shape_of(const std::vector<std::int64_t>& sizes) {
 }
 
 } // namespace
+
+// Arguments padded to the exported minimum, made once at load (a graph keeps none of its
+// arguments): a call of fewer rows copies into them and allocates nothing. One call at
+// a time uses them; a concurrent one allocates its own.
+struct Graph::Padding {
+  std::mutex mutex;
+  std::vector<at::Tensor> args; // per argument; undefined where not batched
+};
 
 void observe_graph_calls(GraphCallObserver observer) {
   const auto* kept = observer ? new GraphCallObserver(std::move(observer)) : nullptr;
@@ -288,6 +283,20 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
     }
   if (_max_rows < std::max<std::int64_t>(_min_rows, 1))
     fail(fmt::format("its batch range [{}, {}] is empty", _min_rows, _max_rows));
+  if (_min_rows > 1 && device.is_cpu()) {
+    _padding = std::make_unique<Padding>();
+    for (const auto& in : _signature.inputs) {
+      auto sizes = in.sizes;
+      if (!in.batched() ||
+          std::any_of(sizes.begin() + 1, sizes.end(), [](auto d) { return d < 0; })) {
+        _padding->args.emplace_back();
+        continue;
+      }
+      sizes.front() = _min_rows;
+      const auto type = in.dtype.empty() ? dtype : dtype_from_name(in.dtype);
+      _padding->args.push_back(at::empty(sizes, at::TensorOptions().dtype(type)));
+    }
+  }
 
   // Loader construction is not thread-safe in torch: one at a time, process-wide.
   static std::mutex construction;
@@ -385,6 +394,9 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
 std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
                                           std::int64_t rows) const {
   std::vector<at::Tensor> padded(args.size());
+  std::unique_lock<std::mutex> reuse; // this graph's padding buffers, unless a call has them
+  if (_padding)
+    reuse = std::unique_lock(_padding->mutex, std::try_to_lock);
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!_signature.inputs[i].batched()) {
       padded[i] = args[i];
@@ -395,7 +407,11 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
     if (rows == 0)
       padded[i] = at::zeros(sizes, args[i].options());
     else if (args[i].is_cpu()) { // copied by hand: a third of the cost of cat/expand
-      padded[i] = padding_buffer(sizes, args[i].options());
+      const auto& kept = reuse.owns_lock() ? _padding->args[i] : at::Tensor();
+      padded[i] = kept.defined() && kept.sizes() == c10::IntArrayRef(sizes) &&
+                          kept.dtype() == args[i].dtype()
+                      ? kept
+                      : at::empty(sizes, args[i].options());
       const auto row = args[i].nbytes() / rows;
       auto* to = static_cast<char*>(padded[i].data_ptr());
       const auto* from = static_cast<const char*>(args[i].const_data_ptr());

@@ -88,7 +88,9 @@ private:
                                                   std::int64_t rows) const;
   [[noreturn]] void fail(const std::string& what) const;
 
+  struct Padding; // arguments padded to _min_rows, reused (see run_padded)
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> _loader;
+  std::unique_ptr<Padding> _padding;
   std::string _file, _listed_as, _device;
   c10::Device _torch_device = c10::kCPU;
   GraphSignature _signature;

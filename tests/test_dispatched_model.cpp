@@ -152,7 +152,10 @@ TEST_CASE("lanes really overlap, and sums do not depend on completion order") {
     std::this_thread::sleep_for(std::chrono::milliseconds(e.index == 0 ? 60 : 5));
     --running;
   });
-  CHECK(test::identical(m.param_vjp(in, cot), expected));
+  const auto gradients = m.param_vjp(in, cot);
+  CHECK(test::identical(gradients, expected));
+  for (const auto& [name, g] : gradients)
+    CHECK(g.device() == in.begin()->second.device()); // summed where the inputs live
   CHECK(most.load() == 2);
   test::check_param_vjp(m, ref, "b33");
 }
