@@ -1,7 +1,7 @@
 // forward() against forward_into() (results into tensors the caller owns and reuses), a
 // streaming copy of the same bytes, and NEML2's own runtime, on the same artifact in one
 // process; jacobian() against jacobian_into() on a three-leaf model (`rates`: 3 outputs,
-// 8 inputs, 24 batched blocks). Names are NAME/BATCH/CHUNK (0: the whole batch);
+// 8 inputs, batched scalar blocks). Names are NAME/BATCH/CHUNK (0: the whole batch);
 // `minor_faults` counts page faults per call.
 
 #include <filesystem>
