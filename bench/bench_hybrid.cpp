@@ -6,6 +6,7 @@
 
 #include <filesystem>
 
+#include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
 #include <neml2/csrc/dispatchers/StaticHybridScheduler.h>
@@ -138,8 +139,14 @@ void greedy_cuda_capacity(benchmark::State& state) {
                                                    .capacities = {state.range(2) * gpu_chunk}}));
 }
 
+// The engine's own cost per chunk: chunks of 16 rows (a graph call of about 0.5 us), so
+// (greedy - sync_cpu) / chunks is queueing, waking and booking.
+void tiny_chunks(benchmark::internal::Benchmark* b) {
+  b->Args({1 << 12, 16})->UseRealTime();
+}
+
 void cases(benchmark::internal::Benchmark* b) {
-  b->Args({1 << 20, 1 << 14})->Args({1 << 20, 1 << 16})->UseRealTime();
+  b->Args({1 << 20, 1 << 12})->Args({1 << 20, 1 << 14})->Args({1 << 20, 1 << 16})->UseRealTime();
 }
 
 } // namespace
@@ -151,6 +158,8 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("sync_cpu_into", sync_cpu_into)->Apply(cases);
   benchmark::RegisterBenchmark("greedy_into", greedy_into)->Apply(cases);
   benchmark::RegisterBenchmark("neml2_hybrid", neml2_hybrid)->Apply(cases);
+  benchmark::RegisterBenchmark("sync_cpu", sync_cpu)->Apply(tiny_chunks);
+  benchmark::RegisterBenchmark("greedy", greedy)->Apply(tiny_chunks);
   benchmark::RegisterBenchmark("balanced", balanced)->Args({1 << 20, 0})->UseRealTime();
   if (has_gpu()) {
     benchmark::RegisterBenchmark("sync_cuda", sync_cuda)->Args({1 << 20, 0})->UseRealTime();

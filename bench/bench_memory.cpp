@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include <ATen/ATen.h>
 #include <mpi.h>
 
 #include <neml2/dispatch.hpp>

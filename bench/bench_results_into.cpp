@@ -1,9 +1,12 @@
 // forward() against forward_into() (results into tensors the caller owns and reuses), a
 // streaming copy of the same bytes, and NEML2's own runtime, on the same artifact in one
-// process. Names are NAME/BATCH/CHUNK; `minor_faults` counts page faults per call.
+// process; jacobian() against jacobian_into() on a three-leaf model (`rates`: 3 outputs,
+// 8 inputs, batched scalar blocks). Names are NAME/BATCH/CHUNK (0: the whole batch);
+// `minor_faults` counts page faults per call.
 
 #include <filesystem>
 
+#include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <sys/resource.h>
 
@@ -71,10 +74,36 @@ void neml2_runtime(benchmark::State& state) {
   measure(state, [&] { benchmark::DoNotOptimize(model.forward(x)); });
 }
 
+const auto rates_stub =
+    std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "rates" / "eq_aoti.i";
+
+// The rates model's inputs: every value in [0, 1), the times apart by at least 1.
+template <class Model>
+neml2::TensorMap rates_inputs(const Model& model, std::int64_t batch) {
+  neml2::TensorMap in;
+  for (const auto& name : model.input_names())
+    in[name] = at::rand({batch}, at::kDouble) + (name == "t" ? 1.0 : 0.0);
+  return in;
+}
+
+void jacobian(benchmark::State& state) {
+  const auto model = neml2::load_model(rates_stub, "eq", policy(state));
+  const auto x = rates_inputs(model, state.range(0));
+  measure(state, [&] { benchmark::DoNotOptimize(model.jacobian(x)); });
+}
+
+void jacobian_into(benchmark::State& state) {
+  const auto model = neml2::load_model(rates_stub, "eq", policy(state));
+  const auto x = rates_inputs(model, state.range(0));
+  auto [values, J] = model.jacobian(x); // the shapes; then reused
+  measure(state, [&] { model.jacobian_into(x, values, J); });
+}
+
 void cases(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch : {1 << 14, 1 << 18, 1 << 20})
-    b->Args({batch, 0});
-  b->Args({1 << 20, 1 << 14});
+    for (std::int64_t chunk : {0, 1 << 14})
+      b->Args({batch, chunk});
+  b->Args({1 << 14, 1 << 12}); // a whole batch of 2^14 into the caller's in smaller pieces
   b->UseRealTime();
 }
 
@@ -84,5 +113,7 @@ BENCHMARK(copy)->Apply(cases);
 BENCHMARK(forward)->Apply(cases);
 BENCHMARK(forward_into)->Apply(cases);
 BENCHMARK(neml2_runtime)->Apply(cases);
+BENCHMARK(jacobian)->Apply(cases);
+BENCHMARK(jacobian_into)->Apply(cases);
 
 BENCHMARK_MAIN();

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
@@ -79,10 +80,10 @@ void dispatched_cuda(benchmark::State& state) {
 
 } // namespace
 
-BENCHMARK(loader_run)->Apply(batches)->UseRealTime();
-BENCHMARK(dispatched)->Apply(batches)->UseRealTime();
+BENCHMARK(loader_run)->Apply(batches)->Args({2, 0})->UseRealTime();
+BENCHMARK(dispatched)->Apply(batches)->Args({2, 0})->UseRealTime();
 BENCHMARK(dispatched)->Args({1 << 20, 1 << 14})->UseRealTime();
-BENCHMARK(prepared)->Args({1, 0})->Args({64, 0})->UseRealTime();
+BENCHMARK(prepared)->Args({1, 0})->Args({2, 0})->Args({64, 0})->UseRealTime();
 
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 
+#include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>

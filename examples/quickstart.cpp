@@ -6,6 +6,8 @@
 
 #include <iostream>
 
+#include <ATen/ATen.h>
+
 #include <neml2/dispatch.hpp>
 
 int main(int argc, char** argv) {

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <map>
 
+#include <ATen/ATen.h>
+
 namespace {
 
 std::vector<neml2::Device> available_devices(const std::filesystem::path& root) {

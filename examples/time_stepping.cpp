@@ -8,6 +8,8 @@
 
 #include <iostream>
 
+#include <ATen/ATen.h>
+
 #include <neml2/dispatch.hpp>
 
 namespace {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -18,6 +19,7 @@
 #include <torch/library.h>
 
 #include <neml2/detail/chunking.hpp>
+#include <neml2/detail/graph_calls.hpp>
 #include <neml2/errors.hpp>
 
 namespace fs = std::filesystem;
@@ -178,6 +180,8 @@ std::vector<GraphInput> wrapper_inputs(const std::string& source) {
   return inputs;
 }
 
+std::atomic<const GraphCallObserver*> graph_call_observer{nullptr};
+
 std::string shape_of(const std::vector<std::int64_t>& sizes) {
   std::vector<std::string> dims;
   for (auto s : sizes)
@@ -186,6 +190,19 @@ std::string shape_of(const std::vector<std::int64_t>& sizes) {
 }
 
 } // namespace
+
+// Arguments padded to the exported minimum, made once at load (a graph keeps none of its
+// arguments): a call of fewer rows copies into them and allocates nothing. One call at
+// a time uses them; a concurrent one allocates its own.
+struct Graph::Padding {
+  std::mutex mutex;
+  std::vector<at::Tensor> args; // per argument; undefined where not batched
+};
+
+void observe_graph_calls(GraphCallObserver observer) {
+  const auto* kept = observer ? new GraphCallObserver(std::move(observer)) : nullptr;
+  delete graph_call_observer.exchange(kept);
+}
 
 GraphSignature read_graph_signature(const fs::path& file) {
   GraphSignature s;
@@ -266,6 +283,20 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
     }
   if (_max_rows < std::max<std::int64_t>(_min_rows, 1))
     fail(fmt::format("its batch range [{}, {}] is empty", _min_rows, _max_rows));
+  if (_min_rows > 1 && device.is_cpu()) {
+    _padding = std::make_unique<Padding>();
+    for (const auto& in : _signature.inputs) {
+      auto sizes = in.sizes;
+      if (!in.batched() ||
+          std::any_of(sizes.begin() + 1, sizes.end(), [](auto d) { return d < 0; })) {
+        _padding->args.emplace_back();
+        continue;
+      }
+      sizes.front() = _min_rows;
+      const auto type = in.dtype.empty() ? dtype : dtype_from_name(in.dtype);
+      _padding->args.push_back(at::empty(sizes, at::TensorOptions().dtype(type)));
+    }
+  }
 
   // Loader construction is not thread-safe in torch: one at a time, process-wide.
   static std::mutex construction;
@@ -425,10 +456,12 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
         "meaning: call it with batches of exactly {} rows (SyncChunking batch_size = {}), or "
         "make that tensor a promoted parameter (-p) and recompile with a dynamic batch",
         _file, _fixed_rows, rows, _fixed_rows, _fixed_rows));
-  if (rows >= 0 && rows < _min_rows)
-    return run_padded(args, rows);
   if (rows > _max_rows)
     return run_split(args, rows);
+  if (const auto* observer = graph_call_observer.load(std::memory_order_acquire))
+    (*observer)(_file, rows < 0 ? 1 : rows);
+  if (rows >= 0 && rows < _min_rows)
+    return run_padded(args, rows);
   return run_checked(args);
 }
 
@@ -437,6 +470,9 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
 std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
                                           std::int64_t rows) const {
   std::vector<at::Tensor> padded(args.size());
+  std::unique_lock<std::mutex> reuse; // this graph's padding buffers, unless a call has them
+  if (_padding)
+    reuse = std::unique_lock(_padding->mutex, std::try_to_lock);
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!_signature.inputs[i].batched()) {
       padded[i] = args[i];
@@ -447,7 +483,11 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
     if (rows == 0)
       padded[i] = at::zeros(sizes, args[i].options());
     else if (args[i].is_cpu()) { // copied by hand: a third of the cost of cat/expand
-      padded[i] = at::empty(sizes, args[i].options());
+      const auto& kept = reuse.owns_lock() ? _padding->args[i] : at::Tensor();
+      padded[i] = kept.defined() && kept.sizes() == c10::IntArrayRef(sizes) &&
+                          kept.dtype() == args[i].dtype()
+                      ? kept
+                      : at::empty(sizes, args[i].options());
       const auto row = args[i].nbytes() / rows;
       auto* to = static_cast<char*>(padded[i].data_ptr());
       const auto* from = static_cast<const char*>(args[i].const_data_ptr());

@@ -103,7 +103,9 @@ private:
   [[noreturn]] void fail(const std::string& what) const;
   void pin_fixed_batch(const std::vector<std::optional<Shape>>& arguments);
 
+  struct Padding; // arguments padded to _min_rows, reused (see run_padded)
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> _loader;
+  std::unique_ptr<Padding> _padding;
   std::string _file, _listed_as, _device;
   c10::Device _torch_device = c10::kCPU;
   GraphSignature _signature;

@@ -7,6 +7,7 @@
 #include <fmt/ranges.h>
 
 #include <neml2/detail/chunking.hpp>
+#include <neml2/detail/session_access.hpp>
 #include <neml2/session.hpp>
 
 #include "graph.hpp"
@@ -103,6 +104,9 @@ struct Session::Impl {
   }
 
   struct Binder;
+
+  // The inputs in input_names() order; a FatalError for a missing or unknown name.
+  std::vector<at::Tensor> positional_inputs(const TensorMap& inputs) const;
 
   // A Jacobian block as the graph returned it (size-1 batch or sub-batch axes where it
   // does not vary) at its full shape: `(rows, *slot)`, or `(*slot)` when batch-independent.
@@ -404,8 +408,8 @@ void reject_unknown(const TensorMap& given, const std::vector<std::string>& publ
 
 } // namespace
 
-std::vector<at::Tensor> Session::positional_inputs(const TensorMap& inputs) const {
-  const auto& m = *_impl;
+std::vector<at::Tensor> Session::Impl::positional_inputs(const TensorMap& inputs) const {
+  const auto& m = *this;
   reject_unknown(inputs, m.input_names, "input");
   std::vector<at::Tensor> positional(m.input_names.size());
   for (std::size_t i = 0; i < m.input_names.size(); ++i) {
@@ -421,19 +425,21 @@ std::vector<at::Tensor> Session::positional_inputs(const TensorMap& inputs) cons
   return positional;
 }
 
-detail::BoundCall Session::bind(Operation op, const TensorMap& inputs, const TensorMap& extras,
-                                const TensorMap& params,
-                                std::optional<c10::Device> required_device) const {
-  return bind(op, positional_inputs(inputs), extras, params, required_device);
+detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
+                                              const TensorMap& inputs, const TensorMap& extras,
+                                              const TensorMap& params,
+                                              std::optional<c10::Device> required_device) {
+  return bind(s, op, s._impl->positional_inputs(inputs), extras, params, required_device);
 }
 
-detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
-                                const TensorMap& extras, const TensorMap& params,
-                                std::optional<c10::Device> required_device) const {
-  const auto& m = *_impl;
+detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
+                                              std::vector<at::Tensor> inputs,
+                                              const TensorMap& extras, const TensorMap& params,
+                                              std::optional<c10::Device> required_device) {
+  const auto& m = *s._impl;
   m.require_operation(op);
   detail::BoundCall call;
-  Impl::Binder b{m, required_device, call, nullptr, {}};
+  Session::Impl::Binder b{m, required_device, call, nullptr, {}};
   if (inputs.size() != m.input_names.size())
     throw FatalError(fmt::format("{} input tensors given, but this model takes {}, in this "
                                  "order: {}",
@@ -525,8 +531,9 @@ detail::BoundCall Session::bind(Operation op, std::vector<at::Tensor> inputs,
 
 // ------------------------------------------------------------------ running a chunk
 
-std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) const {
-  const auto& m = *_impl;
+std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation op,
+                                                   detail::ChunkArgs& chunk) {
+  const auto& m = *s._impl;
   if (m.chain)
     return m.chain->run(op, chunk);
   switch (op) {
@@ -601,35 +608,37 @@ std::vector<at::Tensor> Session::run(Operation op, detail::ChunkArgs& chunk) con
 
 // ------------------------------------------------------------------ results as maps
 
-TensorMap Session::forward_result(std::vector<at::Tensor>&& results) const {
+TensorMap detail::SessionAccess::forward_result(const Session& s,
+                                                std::vector<at::Tensor>&& results) {
   TensorMap out;
-  for (std::size_t o = 0; o < _impl->output_names.size(); ++o)
-    out.emplace(_impl->output_names[o], std::move(results[o]));
+  for (std::size_t o = 0; o < s._impl->output_names.size(); ++o)
+    out.emplace(s._impl->output_names[o], std::move(results[o]));
   return out;
 }
 
-std::pair<TensorMap, TensorMap> Session::jvp_result(std::vector<at::Tensor>&& results) const {
-  const auto n_out = _impl->output_names.size();
+std::pair<TensorMap, TensorMap>
+detail::SessionAccess::jvp_result(const Session& s, std::vector<at::Tensor>&& results) {
+  const auto n_out = s._impl->output_names.size();
   TensorMap tangents;
   for (std::size_t o = 0; o < n_out; ++o)
-    tangents.emplace(_impl->output_names[o], std::move(results[n_out + o]));
-  return {forward_result(std::move(results)), std::move(tangents)};
+    tangents.emplace(s._impl->output_names[o], std::move(results[n_out + o]));
+  return {forward_result(s, std::move(results)), std::move(tangents)};
 }
 
 std::pair<TensorMap, VariablePairJacobian>
-Session::jacobian_result(std::vector<at::Tensor>&& results) const {
-  const auto& m = *_impl;
+detail::SessionAccess::jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
+  const auto& m = *s._impl;
   const auto n_out = m.output_names.size();
   VariablePairJacobian J;
   for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
     J[m.output_names[m.jacobian_blocks[k].out]][m.input_names[m.jacobian_blocks[k].in]] =
         std::move(results[n_out + k]);
-  return {forward_result(std::move(results)), std::move(J)};
+  return {forward_result(s, std::move(results)), std::move(J)};
 }
 
 std::pair<TensorMap, VariablePairJacobian>
-Session::param_jacobian_result(std::vector<at::Tensor>&& results) const {
-  const auto& m = *_impl;
+detail::SessionAccess::param_jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
+  const auto& m = *s._impl;
   const auto n_out = m.output_names.size();
   std::map<std::string, std::string> public_param;
   for (const auto& p : m.artifact->parameters)
@@ -640,19 +649,20 @@ Session::param_jacobian_result(std::vector<at::Tensor>&& results) const {
     for (std::size_t k = 0; k < blocks.size(); ++k)
       P[m.output_names[blocks[k].first]][m.artifact->parameters[blocks[k].second].public_name] =
           std::move(results[n_out + k]);
-    return {forward_result(std::move(results)), std::move(P)};
+    return {forward_result(s, std::move(results)), std::move(P)};
   }
   const auto& pairs = m.segment->param_jacobian_pairs;
   for (std::size_t k = 0; k < pairs.size(); ++k)
     P[m.output_names[m.output_index.at(pairs[k].out)]][public_param.at(pairs[k].param)] =
         std::move(results[n_out + k]);
-  return {forward_result(std::move(results)), std::move(P)};
+  return {forward_result(s, std::move(results)), std::move(P)};
 }
 
-TensorMap Session::param_vjp_result(std::vector<at::Tensor>&& results) const {
+TensorMap detail::SessionAccess::param_vjp_result(const Session& s,
+                                                  std::vector<at::Tensor>&& results) {
   TensorMap grads;
-  for (std::size_t k = 0; k < _impl->vjp_params.size(); ++k)
-    grads.emplace(_impl->artifact->parameters[_impl->vjp_params[k]].public_name,
+  for (std::size_t k = 0; k < s._impl->vjp_params.size(); ++k)
+    grads.emplace(s._impl->artifact->parameters[s._impl->vjp_params[k]].public_name,
                   std::move(results[k]));
   return grads;
 }
@@ -679,10 +689,11 @@ void take_named(const TensorMap& given, const std::vector<std::string>& names, c
 }
 } // namespace
 
-detail::Destinations Session::destinations(Operation op, const TensorMap& values,
-                                           const TensorMap& tangents,
-                                           const VariablePairJacobian& blocks) const {
-  const auto& m = *_impl;
+detail::Destinations detail::SessionAccess::destinations(const Session& s, Operation op,
+                                                         const TensorMap& values,
+                                                         const TensorMap& tangents,
+                                                         const VariablePairJacobian& blocks) {
+  const auto& m = *s._impl;
   m.require_operation(op);
   detail::Destinations into;
   if (op == Operation::param_vjp) {
@@ -734,19 +745,22 @@ detail::Destinations Session::destinations(Operation op, const TensorMap& values
 std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs,
                                            const TensorMap& extras) const {
   return detail::translate_foreign_errors("neml2::Session", [&] {
-    auto call = bind(op, inputs, extras, _impl->parameters, _impl->torch_device);
+    using Access = detail::SessionAccess;
+    auto call = Access::bind(*this, op, inputs, extras, _impl->parameters, _impl->torch_device);
     if (call.batch == 0)
       return detail::Gatherer(call, _impl->dtype).finish();
     detail::ChunkArgs chunk;
     detail::take_all(call, _impl->torch_device, chunk);
     try {
-      return detail::finish_whole(call, run(op, chunk));
+      return detail::finish_whole(call, Access::run(*this, op, chunk));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;
       auto results = detail::finish_whole(call, e.results());
-      auto outputs = forward_result(std::vector<at::Tensor>(
-          results.begin(), results.begin() + static_cast<std::ptrdiff_t>(output_names().size())));
+      auto outputs = Access::forward_result(
+          *this, std::vector<at::Tensor>(results.begin(),
+                                         results.begin() +
+                                             static_cast<std::ptrdiff_t>(output_names().size())));
       throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), std::move(results),
                              std::move(outputs));
     }
@@ -767,24 +781,26 @@ void Session::set_solver_config(const SolverConfig& config) {
 }
 
 TensorMap Session::forward(const TensorMap& inputs) const {
-  return forward_result(run_whole(Operation::forward, inputs, {}));
+  return detail::SessionAccess::forward_result(*this, run_whole(Operation::forward, inputs, {}));
 }
 
 std::pair<TensorMap, TensorMap> Session::jvp(const TensorMap& inputs,
                                              const TensorMap& tangents) const {
-  return jvp_result(run_whole(Operation::jvp, inputs, tangents));
+  return detail::SessionAccess::jvp_result(*this, run_whole(Operation::jvp, inputs, tangents));
 }
 
 std::pair<TensorMap, VariablePairJacobian> Session::jacobian(const TensorMap& inputs) const {
-  return jacobian_result(run_whole(Operation::jacobian, inputs, {}));
+  return detail::SessionAccess::jacobian_result(*this, run_whole(Operation::jacobian, inputs, {}));
 }
 
 std::pair<TensorMap, VariablePairJacobian> Session::param_jacobian(const TensorMap& inputs) const {
-  return param_jacobian_result(run_whole(Operation::param_jacobian, inputs, {}));
+  return detail::SessionAccess::param_jacobian_result(
+      *this, run_whole(Operation::param_jacobian, inputs, {}));
 }
 
 TensorMap Session::param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
-  return param_vjp_result(run_whole(Operation::param_vjp, inputs, cotangents));
+  return detail::SessionAccess::param_vjp_result(
+      *this, run_whole(Operation::param_vjp, inputs, cotangents));
 }
 
 TensorMap& Session::named_parameters() noexcept {

@@ -10,6 +10,8 @@
 #include <limits>
 #include <thread>
 
+#include <neml2/memory.hpp>
+
 #include "counting_allocator.hpp"
 #include "model_checks.hpp"
 
@@ -150,7 +152,10 @@ TEST_CASE("lanes really overlap, and sums do not depend on completion order") {
     std::this_thread::sleep_for(std::chrono::milliseconds(e.index == 0 ? 60 : 5));
     --running;
   });
-  CHECK(test::identical(m.param_vjp(in, cot), expected));
+  const auto gradients = m.param_vjp(in, cot);
+  CHECK(test::identical(gradients, expected));
+  for (const auto& [name, g] : gradients)
+    CHECK(g.device() == in.begin()->second.device()); // summed where the inputs live
   CHECK(most.load() == 2);
   test::check_param_vjp(m, ref, "b33");
 }
@@ -471,6 +476,9 @@ TEST_CASE("every listed device gets a session; a compute device not listed is re
 TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is copied") {
   static test::CountingAllocator counting; // outlives every tensor it allocates
   c10::SetCPUAllocator(&counting, /*priority=*/100);
+  // Nothing kept across calls (neml2/memory.hpp): each call's own memory, as allocated.
+  const auto limit = result_memory_limit();
+  set_result_memory_limit(0);
   const auto stub = test::stub("rates", "eq");
   const auto in = test::zeros_inputs(load_model(stub, "eq"), 1 << 14);
   const std::int64_t outputs = 3 * (1 << 14) * 8, chunk = 3 * 1024 * 8; // three f64 rates
@@ -513,6 +521,13 @@ TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is
       load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
   CHECK(pool_into_kept == 0);
   CHECK(pool_into_peak == chunk);
+  // With result memory kept, a call after the first takes the outputs the one before gave
+  // back: nothing new kept, one chunk's results at a time.
+  set_result_memory_limit(limit);
+  const auto [reused_kept, reused_peak] =
+      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+  CHECK(reused_kept == 0);
+  CHECK(reused_peak == chunk);
   c10::SetCPUAllocator(counting.base, /*priority=*/101);
 }
 

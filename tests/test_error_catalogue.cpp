@@ -455,14 +455,16 @@ TEST_CASE("a dispatcher binds the wrong number of positional inputs, or extras t
   const auto strain = at::zeros({2, 6}, at::kDouble);
   fails_with(
       [&] {
-        return s.bind(Operation::forward, std::vector<at::Tensor>{strain, strain}, {},
-                      s.named_parameters(), {});
+        return neml2::detail::SessionAccess::bind(s, Operation::forward,
+                                                  std::vector<at::Tensor>{strain, strain}, {},
+                                                  s.named_parameters(), {});
       },
       "2 input tensors given, but this model takes 1, in this order: strain");
   fails_with(
       [&] {
-        return s.bind(Operation::forward, TensorMap{{"strain", strain}}, {{"strain", strain}},
-                      s.named_parameters(), {});
+        return neml2::detail::SessionAccess::bind(s, Operation::forward,
+                                                  TensorMap{{"strain", strain}},
+                                                  {{"strain", strain}}, s.named_parameters(), {});
       },
       "extra tensors given to an operation that takes none");
 }

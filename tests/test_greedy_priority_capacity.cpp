@@ -1,7 +1,10 @@
 // GreedyPriorityCapacity: its choices, its validation, and the pool running it on the CPU
 // with results identical to SyncChunking.
 
+#include <mutex>
 #include <thread>
+
+#include <neml2/detail/graph_calls.hpp>
 
 #include "model_checks.hpp"
 
@@ -164,4 +167,36 @@ TEST_CASE("one chunk on the input device skips the pool; otherwise a worker runs
   REQUIRE(ran_on.size() == 5);
   for (const auto& id : ran_on)
     CHECK(id != std::this_thread::get_id());
+}
+
+TEST_CASE("the lane's worker runs exactly the chunks it was given, and nothing else runs") {
+  auto m = load_model(test::stub("elasticity", "elasticity"), "elasticity",
+                      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4096}});
+  Chunks chunks;
+  m.set_observer(chunks.observer());
+  const auto in = TensorMap{{"strain", 1e-3 * at::rand({10000, 6}, at::kDouble)}};
+  std::vector<std::pair<std::thread::id, std::int64_t>> calls;
+  std::mutex mutex;
+  neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t rows) {
+    std::lock_guard lock(mutex);
+    calls.emplace_back(std::this_thread::get_id(), rows);
+  });
+  const auto out = m.forward(in).at("stress");
+  neml2::detail::observe_graph_calls({});
+  REQUIRE(calls.size() == 3);
+  std::vector<std::int64_t> rows;
+  for (const auto& [thread, n] : calls) {
+    CHECK(thread != std::this_thread::get_id()); // all on the lane's worker
+    CHECK(thread == calls.front().first);
+    rows.push_back(n);
+  }
+  std::vector<std::int64_t> given;
+  for (const auto& e : chunks.in_order())
+    given.push_back(e.rows);
+  CHECK(given == std::vector<std::int64_t>{4096, 4096, 1808});
+  std::sort(rows.begin(), rows.end());
+  std::sort(given.begin(), given.end());
+  CHECK(rows == given);
+  const auto whole = load_model(test::stub("elasticity", "elasticity"), "elasticity");
+  CHECK(at::equal(out, whole.forward(in).at("stress")));
 }

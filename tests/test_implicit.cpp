@@ -1,6 +1,7 @@
 // Implicit models: Newton per row over compiled segments, against eager NEML2 solving each
 // row on its own; results independent of the rows around them; per-row failures.
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,8 @@
 #include <sstream>
 
 #include <unistd.h>
+
+#include <neml2/detail/graph_calls.hpp>
 
 #include "../src/newton.hpp" // the Newton loop itself, for the line-search paths
 #include "model_checks.hpp"
@@ -787,4 +790,42 @@ TEST_CASE("parameter derivatives of substepped rows: chained through the spans")
   test::check_close(P.at("x").at("residual.square.scaling"), (plus - minus) / (2 * h), "dx/ds",
                     1e-6);
   fs::remove_all(root);
+}
+
+TEST_CASE("converged rows are not evaluated again: the graphs see only the rows iterating") {
+  // 56 rows at equilibrium (a = 0.25: the old state solves the step) and 8 that iterate,
+  // 4 of them longer than the others (a = 40 against a = 2).
+  std::vector<double> a(64, 0.25);
+  for (std::size_t k = 0; k < 8; ++k)
+    a[8 * k + 3] = k % 2 ? 40.0 : 2.0;
+  auto m = load_model(test::stub("scalar_backward_euler", "model"), "model");
+  const auto calls = [&](double compact_below) {
+    auto config = m.solver_config();
+    config.compact_below = compact_below;
+    m.set_solver_config(config);
+    std::map<std::string, std::vector<std::int64_t>> rows; // per graph file, in call order
+    neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
+      rows[std::filesystem::path(file).stem().string()].push_back(n);
+    });
+    const auto out = m.forward(scalar_inputs(a)).at("x");
+    neml2::detail::observe_graph_calls({});
+    for (std::size_t r = 0; r < a.size(); ++r)
+      CHECK(out[static_cast<std::int64_t>(r)].item<double>() ==
+            doctest::Approx(*scalar_root(0.5, 0.1, a[r])).epsilon(1e-10));
+    return rows;
+  };
+  const auto compacted = calls(0.5); // the default
+  const auto& solves = compacted.at("model_solve");
+  REQUIRE(solves.size() >= 3);
+  CHECK(solves.front() == 8); // the 56 converged rows left before the first solve
+  CHECK(solves.back() == 4);  // then the 4 slower ones alone
+  CHECK(std::is_sorted(solves.rbegin(), solves.rend()));
+  const auto& jacobians = compacted.at("model_jacobian");
+  CHECK(jacobians.front() == 64); // the first residual, of every row (a batch of 64)
+  CHECK(std::all_of(jacobians.begin() + 1, jacobians.end(), [](auto n) { return n <= 8; }));
+  // A Newton that never compacts evaluates every row to the last iteration.
+  const auto masked = calls(0.0);
+  const auto& all_rows = masked.at("model_solve");
+  CHECK(all_rows.size() == solves.size());
+  CHECK(std::all_of(all_rows.begin(), all_rows.end(), [](auto n) { return n == 64; }));
 }

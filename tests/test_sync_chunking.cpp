@@ -1,6 +1,9 @@
 // DispatchedModel<SyncChunking>: every operation, chunked every way, against eager NEML2.
 
+#include <limits>
 #include <thread>
+
+#include <neml2/detail/graph_calls.hpp>
 
 #include "model_checks.hpp"
 
@@ -135,4 +138,29 @@ TEST_CASE("one model called from several threads at once") {
     t.join();
   for (const auto& r : results)
     test::check_close(r, ref.group("b33/out"), "concurrent forward");
+}
+
+TEST_CASE("a whole batch on the CPU runs in cache-sized pieces, with the same numbers") {
+  const auto whole = load("elasticity", "elasticity");
+  const std::int64_t batch = 40000; // pieces of 16384 rows: 96 bytes a row, 2 MiB a piece
+  const TensorMap in = {{"strain", 1e-3 * at::rand({batch, 6}, at::kDouble)}};
+  std::vector<std::int64_t> rows;
+  neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t n) { rows.push_back(n); });
+  const auto out = whole.forward(in).at("stress");
+  auto into = at::full({batch, 6}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+  whole.forward_into(in, {{"stress", into}});
+  neml2::detail::observe_graph_calls({});
+  CHECK(rows == std::vector<std::int64_t>{16384, 16384, 7232, 16384, 16384, 7232});
+  const Session session(std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(
+                            test::stub("elasticity", "elasticity"), "elasticity"))),
+                        "cpu");
+  const auto expected = session.forward(in).at("stress"); // one graph call on every row
+  CHECK(at::equal(out, expected));
+  CHECK(at::equal(into, expected));
+  // One piece: the graph's own result, handed over.
+  rows.clear();
+  neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t n) { rows.push_back(n); });
+  (void)whole.forward({{"strain", in.at("strain").narrow(0, 0, 16384)}});
+  neml2::detail::observe_graph_calls({});
+  CHECK(rows == std::vector<std::int64_t>{16384});
 }

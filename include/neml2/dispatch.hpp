@@ -14,6 +14,7 @@
 #include <neml2/device.hpp>
 #include <neml2/dispatched_model.hpp>
 #include <neml2/errors.hpp>
+#include <neml2/memory.hpp>
 #include <neml2/observer.hpp>
 #include <neml2/policies/greedy_priority_capacity.hpp>
 #include <neml2/policies/mpi_rank_assign.hpp> // MPI only with neml2::dispatch_mpi

@@ -21,6 +21,7 @@
 
 #include <neml2/artifact.hpp>
 #include <neml2/detail/chunking.hpp>
+#include <neml2/detail/session_access.hpp>
 #include <neml2/detail/worker_pool.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/observer.hpp>
@@ -82,25 +83,29 @@ public:
   /// @name Evaluation (see Session for the shapes).
   ///@{
   [[nodiscard]] TensorMap forward(const TensorMap& inputs) const {
-    return named(
-        [&] { return session().forward_result(dispatch(Operation::forward, inputs, {})); });
+    return named([&] {
+      return Access::forward_result(session(), dispatch(Operation::forward, inputs, {}));
+    });
   }
   [[nodiscard]] std::pair<TensorMap, TensorMap> jvp(const TensorMap& inputs,
                                                     const TensorMap& tangents) const {
-    return named([&] { return session().jvp_result(dispatch(Operation::jvp, inputs, tangents)); });
+    return named(
+        [&] { return Access::jvp_result(session(), dispatch(Operation::jvp, inputs, tangents)); });
   }
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian> jacobian(const TensorMap& inputs) const {
-    return named(
-        [&] { return session().jacobian_result(dispatch(Operation::jacobian, inputs, {})); });
+    return named([&] {
+      return Access::jacobian_result(session(), dispatch(Operation::jacobian, inputs, {}));
+    });
   }
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
   param_jacobian(const TensorMap& inputs) const {
     return named([&] {
-      return session().param_jacobian_result(dispatch(Operation::param_jacobian, inputs, {}));
+      return Access::param_jacobian_result(session(),
+                                           dispatch(Operation::param_jacobian, inputs, {}));
     });
   }
   [[nodiscard]] TensorMap param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
-    return session().param_vjp_result(dispatch(Operation::param_vjp, inputs, cotangents));
+    return Access::param_vjp_result(session(), dispatch(Operation::param_vjp, inputs, cotangents));
   }
   ///@}
 
@@ -197,6 +202,7 @@ public:
 private:
   friend struct detail::ModelAccess;
   friend class PreparedCall<Policy>;
+  using Access = detail::SessionAccess;
   using ChunkHook = std::function<void(const ChunkEvent&)>;
 
   // The first session holds the master parameters and answers metadata queries.
@@ -242,7 +248,7 @@ private:
         throw;
       auto results = e.results();
       throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), e.results(),
-                             session().forward_result(std::move(results)));
+                             Access::forward_result(session(), std::move(results)));
     }
   }
 
@@ -250,7 +256,7 @@ private:
             const TensorMap& tangents, const VariablePairJacobian& blocks) const {
     named([&] {
       const auto destinations = detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
-        return session().destinations(op, values, tangents, blocks);
+        return Access::destinations(session(), op, values, tangents, blocks);
       });
       return dispatch(op, inputs, extras, &destinations);
     });
@@ -262,7 +268,8 @@ private:
   std::vector<at::Tensor> dispatch(Operation op, Inputs&& inputs, const TensorMap& extras,
                                    const detail::Destinations* into = nullptr) const {
     return detail::translate_foreign_errors("neml2::DispatchedModel", [&] {
-      auto call = session().bind(op, std::forward<Inputs>(inputs), extras, named_parameters(), {});
+      auto call =
+          Access::bind(session(), op, std::forward<Inputs>(inputs), extras, named_parameters(), {});
       auto targets =
           into ? detail::writable(call, session().dtype(), *into) : std::vector<at::Tensor>{};
       if constexpr (asynchronous)
@@ -273,9 +280,13 @@ private:
   }
 
   // The whole call as one chunk on the input device: no slicing, no copy (but into the
-  // caller's tensors, when given).
+  // caller's tensors, when given). A large batch on the CPU runs in cache-sized pieces
+  // instead, into outputs from kept memory or the caller's tensors.
   std::vector<at::Tensor> run_direct(Operation op, detail::BoundCall& call, std::size_t d,
                                      const std::vector<at::Tensor>& targets) const {
+    if (call.batch > detail::min_piece_rows)
+      if (const auto piece = detail::piece_rows(call, session().dtype()); piece > 0)
+        return run_pieces(op, call, d, piece, targets);
     detail::ChunkArgs chunk;
     detail::take_all(call, _compute[d], chunk);
     const auto deliver = [&](std::vector<at::Tensor> results) {
@@ -289,7 +300,7 @@ private:
     try {
       if (_before_chunk)
         _before_chunk(event(0, d, 0, call.batch, 0));
-      results = _sessions[d].run(op, chunk);
+      results = Access::run(_sessions[d], op, chunk);
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;
@@ -297,6 +308,30 @@ private:
                                 deliver(detail::finish_whole(call, e.results())));
     }
     return deliver(detail::finish_whole(call, std::move(results)));
+  }
+
+  // The whole call on the CPU in pieces of `piece` rows, one after the other: each piece's
+  // results are copied into place while still in cache.
+  std::vector<at::Tensor> run_pieces(Operation op, const detail::BoundCall& call, std::size_t d,
+                                     std::int64_t piece,
+                                     const std::vector<at::Tensor>& targets) const {
+    detail::Gatherer results(call, session().dtype(), /*concurrent=*/false, targets);
+    if (_before_chunk)
+      _before_chunk(event(0, d, 0, call.batch, 0));
+    detail::ChunkArgs chunk;
+    std::size_t index = 0;
+    for (std::int64_t first = 0; first < call.batch; first += piece, ++index) {
+      const auto rows = std::min(piece, call.batch - first);
+      detail::take_rows(call, first, rows, _compute[d], chunk);
+      try {
+        results.add(index, first, rows, Access::run(_sessions[d], op, chunk));
+      } catch (const ConvergenceError& e) {
+        if (!e.per_row())
+          throw;
+        results.add_failed_rows(index, first, rows, e);
+      }
+    }
+    return std::move(results).finish();
   }
 
   // One chunk's rows, run on device d and put in place (any thread).
@@ -311,7 +346,7 @@ private:
     try {
       if (_before_chunk)
         _before_chunk(event(index, d, first, rows, 0));
-      results.add(index, first, rows, _sessions[d].run(op, chunk));
+      results.add(index, first, rows, Access::run(_sessions[d], op, chunk));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;

@@ -6,7 +6,6 @@
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +16,10 @@
 #include <neml2/detail/call.hpp>
 
 namespace neml2 {
+
+namespace detail {
+struct SessionAccess;
+}
 
 /// Tensors keyed by variable (or parameter) name.
 using TensorMap = std::map<std::string, at::Tensor>;
@@ -90,41 +93,9 @@ public:
   [[nodiscard]] c10::ScalarType dtype() const noexcept;
   ///@}
 
-  /// @name For dispatchers: a call is bound once, then run chunk by chunk.
-  ///@{
-  /// Checks names, shapes, dtype and batch sizes, and puts the tensors in positional
-  /// order without copying. `extras` are the tangents (jvp) or cotangents (param_vjp).
-  /// `params` are the parameters to use (named_parameters() or a dispatcher's master
-  /// copy). With `required_device`, every tensor must live there.
-  [[nodiscard]] detail::BoundCall bind(Operation op, const TensorMap& inputs,
-                                       const TensorMap& extras, const TensorMap& params,
-                                       std::optional<c10::Device> required_device) const;
-  /// The same with the inputs already in input_names() order (no name lookups).
-  [[nodiscard]] detail::BoundCall bind(Operation op, std::vector<at::Tensor> inputs,
-                                       const TensorMap& extras, const TensorMap& params,
-                                       std::optional<c10::Device> required_device) const;
-  /// The inputs in input_names() order; a FatalError for a missing or unknown name.
-  [[nodiscard]] std::vector<at::Tensor> positional_inputs(const TensorMap& inputs) const;
-  /// Runs `op` on one chunk (see detail::ChunkArgs); results in slot order.
-  [[nodiscard]] std::vector<at::Tensor> run(Operation op, detail::ChunkArgs& chunk) const;
-  /// The positional results of each operation as the public maps.
-  [[nodiscard]] TensorMap forward_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, TensorMap> jvp_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
-  jacobian_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
-  param_jacobian_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
-  /// The inverse: the caller's tensors for `op`'s results in slot order. `values` are the
-  /// outputs (the gradients for param_vjp), `tangents` the output tangents (jvp), `blocks`
-  /// the Jacobian (jacobian) or parameter Jacobian (param_jacobian) blocks. Every result
-  /// must be given, and nothing else: a FatalError names what is missing or unknown.
-  [[nodiscard]] detail::Destinations destinations(Operation op, const TensorMap& values,
-                                                  const TensorMap& tangents,
-                                                  const VariablePairJacobian& blocks) const;
-  ///@}
-
 private:
+  friend struct detail::SessionAccess; // the dispatchers' surface: detail/session_access.hpp
+
   [[nodiscard]] std::vector<at::Tensor> run_whole(Operation op, const TensorMap& inputs,
                                                   const TensorMap& extras) const;
 

@@ -3,6 +3,8 @@
 #include <cmath>
 #include <cstdio>
 
+#include <ATen/ATen.h>
+
 #include <neml2/dispatch.hpp>
 
 int main(int argc, char** argv) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include <ATen/ATen.h>
 #include <mpi.h>
 
 #include <neml2/dispatch.hpp>

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -15,6 +16,9 @@ namespace test {
 struct CountingAllocator final : c10::Allocator {
   c10::Allocator* base = c10::GetDefaultCPUAllocator();
   std::atomic<std::int64_t> live{0}, peak{0};
+  /// Allocations of at least `count_above` bytes (set it to the size of interest).
+  std::atomic<std::int64_t> count_above{std::numeric_limits<std::int64_t>::max()};
+  std::atomic<std::int64_t> allocations_above{0};
   struct Block {
     c10::DataPtr inner;
     std::int64_t bytes;
@@ -22,6 +26,8 @@ struct CountingAllocator final : c10::Allocator {
   };
   c10::DataPtr allocate(std::size_t n) override {
     auto inner = base->allocate(n);
+    if (static_cast<std::int64_t>(n) >= count_above)
+      ++allocations_above;
     void* data = inner.get();
     const auto now = live += static_cast<std::int64_t>(n);
     for (auto seen = peak.load(); now > seen && !peak.compare_exchange_weak(seen, now);)

@@ -1,0 +1,52 @@
+#pragma once
+
+/// @file detail/session_access.hpp
+/// @brief What dispatchers need of a Session beyond its public surface: a call bound once,
+/// then run chunk by chunk, and its positional results turned into the public maps.
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include <neml2/detail/call.hpp>
+#include <neml2/session.hpp>
+
+namespace neml2::detail {
+
+struct SessionAccess {
+  /// Checks names, shapes, dtype and batch sizes, and puts the tensors in positional
+  /// order without copying. `extras` are the tangents (jvp) or cotangents (param_vjp).
+  /// `params` are the parameters to use (named_parameters() or a dispatcher's master
+  /// copy). With `required_device`, every tensor must live there.
+  [[nodiscard]] static BoundCall bind(const Session& s, Operation op, const TensorMap& inputs,
+                                      const TensorMap& extras, const TensorMap& params,
+                                      std::optional<c10::Device> required_device);
+  /// The same with the inputs already in input_names() order (no name lookups).
+  [[nodiscard]] static BoundCall bind(const Session& s, Operation op,
+                                      std::vector<at::Tensor> inputs, const TensorMap& extras,
+                                      const TensorMap& params,
+                                      std::optional<c10::Device> required_device);
+  /// Runs `op` on one chunk (see ChunkArgs); results in slot order.
+  [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op,
+                                                   ChunkArgs& chunk);
+  /// The positional results of each operation as the public maps.
+  [[nodiscard]] static TensorMap forward_result(const Session& s,
+                                                std::vector<at::Tensor>&& results);
+  [[nodiscard]] static std::pair<TensorMap, TensorMap>
+  jvp_result(const Session& s, std::vector<at::Tensor>&& results);
+  [[nodiscard]] static std::pair<TensorMap, VariablePairJacobian>
+  jacobian_result(const Session& s, std::vector<at::Tensor>&& results);
+  [[nodiscard]] static std::pair<TensorMap, VariablePairJacobian>
+  param_jacobian_result(const Session& s, std::vector<at::Tensor>&& results);
+  [[nodiscard]] static TensorMap param_vjp_result(const Session& s,
+                                                  std::vector<at::Tensor>&& results);
+  /// The inverse: the caller's tensors for `op`'s results in slot order. `values` are the
+  /// outputs (the gradients for param_vjp), `tangents` the output tangents (jvp), `blocks`
+  /// the Jacobian (jacobian) or parameter Jacobian (param_jacobian) blocks. Every result
+  /// must be given, and nothing else: a FatalError names what is missing or unknown.
+  [[nodiscard]] static Destinations destinations(const Session& s, Operation op,
+                                                 const TensorMap& values, const TensorMap& tangents,
+                                                 const VariablePairJacobian& blocks);
+};
+
+} // namespace neml2::detail

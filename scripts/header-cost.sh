@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# What including each public header costs a translation unit: user+sys CPU seconds and
+# peak RSS of g++ compiling a one-line file `#include <HEADER>` with the project's flags
+# (-std=c++20 -O3), beside ATen's own headers in the same run; the least of RUNS
+# compilations each (default 3: on a loaded machine the least is the one least disturbed).
+# Exits non-zero when <neml2/dispatch.hpp> costs more than LIMIT seconds (default 3).
+#   scripts/header-cost.sh [LIMIT]      RUNS=1 scripts/header-cost.sh   (quicker)
+set -euo pipefail
+limit="${1:-3}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+source "$root/scripts/setup.sh" >/dev/null
+torch="$("$NEML2_DISPATCH_VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+headers=(ATen/ATen.h ATen/core/Tensor.h)
+for h in "$root"/include/neml2/*.hpp "$root"/include/neml2/policies/*.hpp; do
+  headers+=("${h#$root/include/}")
+done
+printf '%-42s %8s %8s\n' header "CPU s" "peak MB"
+for h in "${headers[@]}"; do
+  echo "#include <$h>" >"$work/one.cpp"
+  seconds=""
+  for ((run = 0; run < ${RUNS:-3}; ++run)); do
+    /usr/bin/time -f '%U %S %M' -o "$work/time" \
+      g++ -std=c++20 -O3 -DNDEBUG -D_GLIBCXX_USE_CXX11_ABI=1 -I"$root/include" \
+      -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \
+      -c "$work/one.cpp" -o "$work/one.o"
+    read -r user sys rss <"$work/time"
+    this="$(echo "$user + $sys" | bc)"
+    if [ -z "$seconds" ] || (($(echo "$this < $seconds" | bc))); then seconds="$this"; fi
+  done
+  printf '%-42s %8.2f %8.0f\n' "$h" "$seconds" "$((rss / 1024))"
+  [ "$h" = neml2/dispatch.hpp ] && dispatch="$seconds"
+done
+if (($(echo "$dispatch > $limit" | bc))); then
+  echo "header-cost: <neml2/dispatch.hpp> costs ${dispatch} s of CPU, more than ${limit} s" >&2
+  exit 1
+fi
