@@ -180,22 +180,49 @@ struct Artifact {
 /// Reads `<root>/metadata.json`. Throws FatalError naming the file and the fix.
 [[nodiscard]] Artifact read_artifact(const std::filesystem::path& root);
 
-/// The artifact root a HIT stub names for `[Models]/[<model>]` (type = AOTIModel,
-/// artifact_path relative to the stub's folder or absolute).
+/// @name Stubs
+/// A stub is the `<name>_aoti.i` HIT file neml2-compile writes beside the artifact root. It
+/// is read with nmhit, NEML2's own HIT parser, and only its `[Models]/[<model>]` block
+/// (`type = AOTIModel`, `artifact_path` relative to the stub's folder or absolute) is
+/// used; the `[Tensors]` and `[Settings]` sections it may repeat from the input are
+/// parsed and ignored, as NEML2's runtime does.
+/// @{
+
+/// @brief The artifact root a stub names for `[Models]/[<model>]`.
+/// @throws FatalError naming the file and line: a malformed stub, no such model (the
+/// message lists the models it has), a type other than AOTIModel, no artifact_path.
 [[nodiscard]] std::filesystem::path artifact_root_from_stub(const std::filesystem::path& stub,
                                                             const std::string& model);
 
-/// A stub file -> the root it names for `model`; a folder is taken as the root itself.
+/// @brief The artifact root of the one model a stub holds.
+/// @throws FatalError as above, and when the stub holds several models (the message lists
+/// them: pass one to the overload that takes a model name).
+[[nodiscard]] std::filesystem::path artifact_root_from_stub(const std::filesystem::path& stub);
+
+/// @brief The model names under a stub's `[Models]`, in the stub's order.
+[[nodiscard]] std::vector<std::string> stub_models(const std::filesystem::path& stub);
+
+/// @brief A stub file -> the root it names for `model`; a folder is taken as the root itself.
 [[nodiscard]] std::filesystem::path resolve_artifact_root(const std::filesystem::path& path,
                                                           const std::string& model);
+
+/// @brief A stub file -> the root of its one model; a folder is taken as the root itself.
+/// @throws FatalError when the stub holds several models, listing them.
+[[nodiscard]] std::filesystem::path resolve_artifact_root(const std::filesystem::path& path);
+
+/// @}
 
 namespace detail {
 /// read_artifact's parser over the text of a metadata.json (`root` names it in messages).
 [[nodiscard]] Artifact parse_metadata(std::string_view text, const std::filesystem::path& root);
-/// artifact_root_from_stub's parser over the text of a stub (`stub` names it in messages).
-[[nodiscard]] std::filesystem::path artifact_root_from_stub(std::string_view text,
-                                                            const std::filesystem::path& stub,
-                                                            const std::string& model);
+/// artifact_root_from_stub's parser over the text of a stub (`stub` names it in messages);
+/// without a model, the stub's one model.
+[[nodiscard]] std::filesystem::path
+artifact_root_from_stub(std::string_view text, const std::filesystem::path& stub,
+                        const std::optional<std::string>& model = std::nullopt);
+/// stub_models' parser over the text of a stub.
+[[nodiscard]] std::vector<std::string> stub_models(std::string_view text,
+                                                   const std::filesystem::path& stub);
 } // namespace detail
 
 /// "float64" <-> at::kDouble, as the artifact folders are named.
