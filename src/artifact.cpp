@@ -1,10 +1,9 @@
-// Reading what neml2-compile writes: the HIT stub (the subset a stub uses) and
-// metadata.json. Every malformed case is a FatalError naming the file and the fix.
+// Reading metadata.json, what neml2-compile writes beside the graphs (the stub: stub.cpp).
+// Every malformed case is a FatalError naming the file and the fix.
 
 #include <algorithm>
 #include <fstream>
 #include <limits>
-#include <sstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -12,108 +11,13 @@
 
 #include <neml2/artifact.hpp>
 
+#include "files.hpp"
+
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace neml2 {
 namespace {
-
-// ---------------------------------------------------------------- the HIT stub
-
-struct HitBlock {
-  std::string name;
-  int line = 0;
-  std::map<std::string, std::pair<std::string, int>> fields; // key -> (value, line)
-  std::vector<HitBlock> children;
-
-  const HitBlock* child(const std::string& n) const {
-    for (const auto& c : children)
-      if (c.name == n)
-        return &c;
-    return nullptr;
-  }
-};
-
-std::string trim(std::string_view s) {
-  const auto first = s.find_first_not_of(" \t\r");
-  if (first == std::string_view::npos)
-    return {};
-  const auto last = s.find_last_not_of(" \t\r");
-  return std::string(s.substr(first, last - first + 1));
-}
-
-// Drops a trailing comment ('#' outside quotes).
-std::string_view strip_comment(std::string_view line) {
-  char quote = 0;
-  for (std::size_t i = 0; i < line.size(); ++i) {
-    const char c = line[i];
-    if (quote) {
-      if (c == quote)
-        quote = 0;
-    } else if (c == '\'' || c == '"')
-      quote = c;
-    else if (c == '#')
-      return line.substr(0, i);
-  }
-  return line;
-}
-
-constexpr std::size_t max_hit_depth = 64;
-
-HitBlock parse_hit(std::string_view text, const fs::path& file) {
-  std::istringstream in{std::string(text)};
-  HitBlock root;
-  std::vector<HitBlock*> open = {&root};
-  std::string raw;
-  for (int line_no = 1; std::getline(in, raw); ++line_no) {
-    const auto line = trim(strip_comment(raw));
-    const auto where = fmt::format("{}:{}", file.string(), line_no);
-    if (line.empty())
-      continue;
-    if (line.front() == '[') {
-      if (line.back() != ']')
-        throw FatalError(fmt::format("{}: malformed HIT section header '{}': expected [name] "
-                                     "or [] on a line of its own",
-                                     where, line));
-      auto name = trim(std::string_view(line).substr(1, line.size() - 2));
-      if (name.starts_with("./"))
-        name = name.substr(2);
-      if (name.empty() || name == "..") {
-        if (open.size() == 1)
-          throw FatalError(
-              fmt::format("{}: '{}' closes a section that was never opened", where, line));
-        open.pop_back();
-      } else {
-        // Blocks nest by recursion (and are destroyed so): a bound keeps a hostile file
-        // from overflowing the stack (300,000 nested blocks did, under ASan).
-        if (open.size() > max_hit_depth)
-          throw FatalError(fmt::format("{}: section [{}] is nested more than {} deep; a stub "
-                                       "written by neml2-compile nests 2 deep",
-                                       where, name, max_hit_depth));
-        open.back()->children.push_back({name, line_no, {}, {}});
-        open.push_back(&open.back()->children.back());
-      }
-      continue;
-    }
-    const auto eq = line.find('=');
-    if (eq == std::string::npos || eq == 0)
-      throw FatalError(
-          fmt::format("{}: cannot parse '{}': expected [section], [] or key = value", where, line));
-    const auto key = trim(std::string_view(line).substr(0, eq));
-    auto value = trim(std::string_view(line).substr(eq + 1));
-    if (!value.empty() && (value.front() == '\'' || value.front() == '"')) {
-      if (value.size() < 2 || value.back() != value.front())
-        throw FatalError(fmt::format("{}: unterminated quoted value for '{}': close it with {}",
-                                     where, key, value.front()));
-      value = value.substr(1, value.size() - 2);
-    }
-    open.back()->fields[key] = {value, line_no};
-  }
-  if (open.size() > 1)
-    throw FatalError(fmt::format("{}:{}: section [{}] is never closed; add [] after its fields",
-                                 file.string(), open.back()->line, open.back()->name));
-  return root;
-}
 
 // ---------------------------------------------------------------- metadata.json
 
@@ -489,6 +393,10 @@ std::string list_leaves(const fs::path& root) {
                                what, path.string(), why));
 }
 
+} // namespace
+
+namespace detail {
+
 std::string read_text(const fs::path& file, const char* what) {
   std::ifstream in(file, std::ios::binary);
   std::string text;
@@ -513,7 +421,7 @@ fs::file_status status_of(const fs::path& path, const char* what) {
   return status;
 }
 
-} // namespace
+} // namespace detail
 
 std::string dtype_folder(c10::ScalarType dtype) {
   switch (dtype) {
@@ -541,7 +449,7 @@ c10::ScalarType dtype_from_name(const std::string& name) {
 
 fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
   auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
-  if (fs::is_directory(status_of(dir, "the graphs folder")))
+  if (fs::is_directory(detail::status_of(dir, "the graphs folder")))
     return dir;
   throw FatalError(fmt::format(
       "artifact '{}' has no graphs for device {} and dtype {} (no folder {}/{}); it has: {}. "
@@ -553,13 +461,13 @@ fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
 
 Artifact read_artifact(const fs::path& root) {
   const auto file = root / "metadata.json";
-  if (!fs::is_regular_file(status_of(file, "the metadata file")))
+  if (!fs::is_regular_file(detail::status_of(file, "the metadata file")))
     throw FatalError(
         fmt::format("'{}' is not an artifact root: it has no metadata.json. Pass the folder "
                     "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
                     "<device>/<dtype>/), or the <name>_aoti.i stub beside it",
                     root.string()));
-  return detail::parse_metadata(read_text(file, "the metadata file"), root);
+  return detail::parse_metadata(detail::read_text(file, "the metadata file"), root);
 }
 
 namespace detail {
@@ -669,56 +577,6 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
   return a;
 }
 
-fs::path artifact_root_from_stub(std::string_view text, const fs::path& stub,
-                                 const std::string& model) {
-  const auto hit = parse_hit(text, stub);
-  const auto* models = hit.child("Models");
-  if (!models)
-    throw FatalError(fmt::format("{}: no [Models] block; a stub written by neml2-compile has "
-                                 "[Models]/[{}] with type = AOTIModel",
-                                 stub.string(), model));
-  const auto* block = models->child(model);
-  if (!block) {
-    std::vector<std::string> names;
-    for (const auto& c : models->children)
-      names.push_back(c.name);
-    throw FatalError(fmt::format(
-        "{}: no model '{}' under [Models] (models there: {}); pass one "
-        "of those names",
-        stub.string(), model, names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "))));
-  }
-  const auto where = fmt::format("{}:{}: [Models]/[{}]", stub.string(), block->line, model);
-  const auto type = block->fields.find("type");
-  if (type == block->fields.end() || type->second.first != "AOTIModel")
-    throw FatalError(fmt::format(
-        "{} has type = {}, expected AOTIModel: this is not a compiled-model stub; compile it "
-        "with neml2-compile <input.i> --model {} and load the <name>_aoti.i it writes",
-        where, type == block->fields.end() ? "(none)" : type->second.first, model));
-  const auto path = block->fields.find("artifact_path");
-  if (path == block->fields.end() || path->second.first.empty())
-    throw FatalError(fmt::format("{} has no artifact_path; set it to the artifact root folder "
-                                 "(relative to the stub's folder, or absolute)",
-                                 where));
-  const fs::path target = path->second.first;
-  return target.is_absolute() ? target : stub.parent_path() / target;
-}
-
 } // namespace detail
-
-fs::path artifact_root_from_stub(const fs::path& stub, const std::string& model) {
-  return detail::artifact_root_from_stub(
-      read_text(stub, "the stub (the <name>_aoti.i file that neml2-compile writes)"), stub, model);
-}
-
-fs::path resolve_artifact_root(const fs::path& path, const std::string& model) {
-  const auto status = status_of(path, "the stub or artifact root");
-  if (fs::is_directory(status))
-    return path;
-  if (!fs::exists(status))
-    throw FatalError(fmt::format("'{}' does not exist: pass a stub (<name>_aoti.i) or an "
-                                 "artifact root folder written by neml2-compile",
-                                 path.string()));
-  return artifact_root_from_stub(path, model);
-}
 
 } // namespace neml2

@@ -118,7 +118,7 @@ TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case"
   SUBCASE("no [Models]") {
     const auto message =
         test::fatal_message([&] { return artifact_root_from_stub(stub_for("[A]\n[]\n"), "m"); });
-    CHECK(contains(message, "no [Models] block"));
+    CHECK(contains(message, "stub.i: no model under [Models]"));
   }
   SUBCASE("no artifact_path") {
     const auto message = test::fatal_message([&] {
@@ -126,25 +126,25 @@ TEST_CASE("stubs: relative and absolute artifact_path, and every malformed case"
     });
     CHECK(contains(message, "stub.i:2: [Models]/[m] has no artifact_path"));
   }
-  SUBCASE("malformed HIT") {
+  SUBCASE("malformed HIT: nmhit's messages, with the line and column") {
     CHECK(contains(test::fatal_message([&] {
                      return artifact_root_from_stub(
                          stub_for("[Models]\n  [m]\n    type = AOTIModel\n[]\n"), "m");
                    }),
-                   "stub.i:1: section [Models] is never closed"));
+                   "stub.i:4:3: syntax error, unexpected end of file"));
     CHECK(contains(test::fatal_message([&] {
                      return artifact_root_from_stub(stub_for("[Models]\n  just words\n[]\n"), "m");
                    }),
-                   "stub.i:2: cannot parse 'just words'"));
+                   "stub.i:2:8: unexpected character 'w'"));
     CHECK(contains(test::fatal_message([&] {
                      return artifact_root_from_stub(stub_for("[Models]\n[]\n[]\n"), "m");
                    }),
-                   "stub.i:3: '[]' closes a section that was never opened"));
+                   "stub.i:3:1: syntax error, unexpected [], expecting end of file"));
     CHECK(contains(test::fatal_message([&] {
                      return artifact_root_from_stub(
                          stub_for("[Models]\n[m]\nartifact_path = 'x\n[]\n[]\n"), "m");
                    }),
-                   "stub.i:3: unterminated quoted value for 'artifact_path'"));
+                   "stub.i:5:3: syntax error, unexpected end of file, expecting \"'\""));
   }
   SUBCASE("a path that does not exist") {
     CHECK(

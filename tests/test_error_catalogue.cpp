@@ -194,8 +194,8 @@ TEST_CASE("a stub line that opens a section header and does not close it") {
   const Scratch s;
   const auto stub = s.write("stub.i", "[Models\n[m]\n[]\n[]\n");
   fails_with([&] { return artifact_root_from_stub(stub, "m"); },
-             "stub.i:1: malformed HIT section header '[Models': expected [name] or [] on a line "
-             "of its own");
+             "stub.i:1:8: unexpected character 'newline in section header'; " + stub.string() +
+                 ":2:1: syntax error, unexpected [, expecting ']'");
 }
 
 // ------------------------------------------------------------------ loading: metadata.json

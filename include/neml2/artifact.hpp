@@ -21,6 +21,7 @@
 
 namespace neml2 {
 
+/// A tensor shape: the sizes of its axes.
 using Shape = std::vector<std::int64_t>;
 
 namespace detail {
@@ -39,71 +40,83 @@ inline constexpr int supported_schema_versions[] = {14};
 /// A structural input or output. `name` is the model's own name, `public_name` the one
 /// callers use (they differ when compiled with --rename-input / --rename-output).
 struct VariableSpec {
-  std::string name;
-  std::string public_name;
-  std::string var_type;
-  Shape base_shape;
-  Shape sub_batch_shape;
+  std::string name;        ///< the model's own name, e.g. "strain"
+  std::string public_name; ///< after --rename-input / --rename-output
+  std::string var_type;    ///< NEML2's type: "Scalar", "SR2", ...
+  Shape base_shape;        ///< per row, e.g. [6] for an SR2
+  Shape sub_batch_shape;   ///< axes that ride along with each row (--example-batch-shape)
 };
 
 /// A promoted parameter (`-p`): its stored value and natural base shape.
 struct ParameterSpec {
-  std::string name;        ///< qualified, e.g. "elasticity.E"
-  std::string public_name; ///< after --rename-parameter
-  Shape shape;             ///< the stored shape of `values`
-  Shape base_shape;        ///< natural: [] Scalar, [6] SR2
-  std::vector<double> values;
+  std::string name;                     ///< qualified, e.g. "elasticity.E"
+  std::string public_name;              ///< after --rename-parameter
+  Shape shape;                          ///< the stored shape of `values`
+  Shape base_shape;                     ///< natural: [] Scalar, [6] SR2
+  std::vector<double> values;           ///< the stored value, row-major
   std::optional<c10::ScalarType> dtype; ///< only for non-floating parameters
 };
 
 /// One block d(out)/d(in) of the jvp graph.
 struct JacobianPair {
-  std::string out, in;
-  Shape out_base_shape, in_base_shape, in_sub_batch_shape;
-  bool batch_independent = false;
+  std::string out;                ///< the output (internal name)
+  std::string in;                 ///< the input (internal name)
+  Shape out_base_shape;           ///< the output's shape per row
+  Shape in_base_shape;            ///< the input's shape per row
+  Shape in_sub_batch_shape;       ///< the input's sub-batch axes
+  bool batch_independent = false; ///< one block for every row (returned unbatched)
 };
 
 /// One block d(out)/d(param) of the parameter-Jacobian graph.
 struct ParameterJacobianPair {
-  std::string out, param;
-  Shape out_base_shape, param_base_shape;
+  std::string out;        ///< the output (internal name)
+  std::string param;      ///< the parameter (qualified name)
+  Shape out_base_shape;   ///< the output's shape per row
+  Shape param_base_shape; ///< the parameter's natural shape
 };
 
 /// A forward segment: its graphs (file names inside a leaf folder) and their calling
 /// conventions. Optional graphs have empty package names.
 struct ForwardSegment {
-  std::string package;
-  std::vector<std::string> inputs, outputs, param_inputs;
-  std::string jvp_package;
-  std::vector<JacobianPair> jacobian_pairs;
-  std::string param_jacobian_package;
-  std::vector<ParameterJacobianPair> param_jacobian_pairs;
-  std::string param_vjp_package;
-  std::vector<std::string> param_vjp_params, param_vjp_outputs;
+  std::string package;                                     ///< the forward graph
+  std::vector<std::string> inputs;                         ///< its arguments, in order
+  std::vector<std::string> outputs;                        ///< its results, in order
+  std::vector<std::string> param_inputs;                   ///< promoted parameters it takes
+  std::string jvp_package;                                 ///< the Jacobian graph (-d)
+  std::vector<JacobianPair> jacobian_pairs;                ///< the blocks it returns
+  std::string param_jacobian_package;                      ///< d(out)/d(param) (-d OUT:P)
+  std::vector<ParameterJacobianPair> param_jacobian_pairs; ///< the blocks it returns
+  std::string param_vjp_package;                           ///< the parameter VJP graph
+  std::vector<std::string> param_vjp_params;               ///< the parameters it returns for
+  std::vector<std::string> param_vjp_outputs;              ///< the outputs it takes cotangents of
 };
 
 /// A variable of an implicit segment: unknown, residual or given (flattened per row to
 /// `var_size` values inside its group).
 struct ImplicitVariable {
-  std::string name;
-  std::int64_t var_size = 1;
-  Shape base_shape;
+  std::string name;          ///< the variable's name
+  std::int64_t var_size = 1; ///< values per row
+  Shape base_shape;          ///< its shape per row (var_size values)
   /// Givens only: how substepping treats it (static, old_state, cur_force, old_force)
   /// and the variable it pairs with (empty when none).
-  std::string role, pair;
+  std::string role;
+  std::string pair; ///< the paired variable, or empty
 };
 
 /// One entry of `unknown_group_infos` / `given_group_infos` / `residual_group_infos`:
 /// the variables packed side by side into one graph argument `(B, sum of var_size)`.
 struct VariableGroup {
-  std::vector<std::string> names;
+  std::vector<std::string> names; ///< the variables, side by side
 };
 
 /// One block du/dg of the solve_ift graph, at its flat offsets in -A^{-1}B.
 struct ImplicitJacobianPair {
-  std::string unknown, given;
-  Shape unknown_base_shape, given_base_shape;
-  std::int64_t row_offset = 0, col_offset = 0;
+  std::string unknown;         ///< the unknown (row block)
+  std::string given;           ///< the given (column block)
+  Shape unknown_base_shape;    ///< the unknown's shape per row
+  Shape given_base_shape;      ///< the given's shape per row
+  std::int64_t row_offset = 0; ///< first row of the block in -A^{-1}B
+  std::int64_t col_offset = 0; ///< first column of the block in -A^{-1}B
 };
 
 /// An implicit segment: the graphs of one Newton solve (file names inside a leaf folder).
@@ -180,6 +193,11 @@ struct SolverConfig {
 };
 
 /// @brief An artifact root as described by its metadata.json.
+///
+/// Thread safety: a plain value, read-only once loaded (DispatchedModel and Session share
+/// one through a `shared_ptr<const Artifact>`); reading it from any number of threads is
+/// safe. The types it is made of (VariableSpec, ForwardSegment, SolverConfig, ...) are
+/// plain values too.
 struct Artifact {
   std::filesystem::path root;
   int schema_version = 0;
@@ -206,32 +224,58 @@ struct Artifact {
 /// Reads `<root>/metadata.json`. Throws FatalError naming the file and the fix.
 [[nodiscard]] Artifact read_artifact(const std::filesystem::path& root);
 
-/// The artifact root a HIT stub names for `[Models]/[<model>]` (type = AOTIModel,
-/// artifact_path relative to the stub's folder or absolute).
+/// @name Stubs
+/// A stub is the `<name>_aoti.i` HIT file neml2-compile writes beside the artifact root. It
+/// is read with nmhit, NEML2's own HIT parser, and only its `[Models]/[<model>]` block
+/// (`type = AOTIModel`, `artifact_path` relative to the stub's folder or absolute) is
+/// used; the `[Tensors]` and `[Settings]` sections it may repeat from the input are
+/// parsed and ignored, as NEML2's runtime does.
+/// @{
+
+/// @brief The artifact root a stub names for `[Models]/[<model>]`.
+/// @throws FatalError naming the file and line: a malformed stub, no such model (the
+/// message lists the models it has), a type other than AOTIModel, no artifact_path.
 [[nodiscard]] std::filesystem::path artifact_root_from_stub(const std::filesystem::path& stub,
                                                             const std::string& model);
 
-/// A stub file -> the root it names for `model`; a folder is taken as the root itself.
+/// @brief The artifact root of the one model a stub holds.
+/// @throws FatalError as above, and when the stub holds several models (the message lists
+/// them: pass one to the overload that takes a model name).
+[[nodiscard]] std::filesystem::path artifact_root_from_stub(const std::filesystem::path& stub);
+
+/// @brief The model names under a stub's `[Models]`, in the stub's order.
+[[nodiscard]] std::vector<std::string> stub_models(const std::filesystem::path& stub);
+
+/// @brief A stub file -> the root it names for `model`; a folder is taken as the root itself.
 [[nodiscard]] std::filesystem::path resolve_artifact_root(const std::filesystem::path& path,
                                                           const std::string& model);
+
+/// @brief A stub file -> the root of its one model; a folder is taken as the root itself.
+/// @throws FatalError when the stub holds several models, listing them.
+[[nodiscard]] std::filesystem::path resolve_artifact_root(const std::filesystem::path& path);
+
+/// @}
 
 namespace detail {
 /// read_artifact's parser over the text of a metadata.json (`root` names it in messages).
 [[nodiscard]] Artifact parse_metadata(std::string_view text, const std::filesystem::path& root);
-/// artifact_root_from_stub's parser over the text of a stub (`stub` names it in messages).
-[[nodiscard]] std::filesystem::path artifact_root_from_stub(std::string_view text,
-                                                            const std::filesystem::path& stub,
-                                                            const std::string& model);
-} // namespace detail
-
-namespace detail {
+/// artifact_root_from_stub's parser over the text of a stub (`stub` names it in messages);
+/// without a model, the stub's one model.
+[[nodiscard]] std::filesystem::path
+artifact_root_from_stub(std::string_view text, const std::filesystem::path& stub,
+                        const std::optional<std::string>& model = std::nullopt);
+/// stub_models' parser over the text of a stub.
+[[nodiscard]] std::vector<std::string> stub_models(std::string_view text,
+                                                   const std::filesystem::path& stub);
 /// What is wrong with GMRES settings ("method is 'x'; ..." naming the field and the values
 /// supported), or nothing: shared by the metadata reader and set_solver_config.
 [[nodiscard]] std::optional<std::string> check_krylov(const SolverConfig::Krylov& krylov);
 } // namespace detail
 
-/// "float64" <-> at::kDouble, as the artifact folders are named.
+/// @brief at::kDouble -> "float64", as the artifact folders are named (float64, float32).
 [[nodiscard]] std::string dtype_folder(c10::ScalarType dtype);
+/// @brief "float64" (or "torch.float64") -> at::kDouble; also float32, float16, bfloat16,
+/// int64, int32, bool. A FatalError for any other name.
 [[nodiscard]] c10::ScalarType dtype_from_name(const std::string& name);
 
 } // namespace neml2

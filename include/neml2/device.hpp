@@ -22,6 +22,7 @@ namespace neml2 {
 /// The device families a compiled artifact can target.
 enum class DeviceFamily : std::uint8_t { cpu, cuda, xpu, hip, mps };
 
+/// Every DeviceFamily, in declaration order.
 inline constexpr std::array<DeviceFamily, 5> known_device_families = {
     DeviceFamily::cpu, DeviceFamily::cuda, DeviceFamily::xpu, DeviceFamily::hip, DeviceFamily::mps};
 
@@ -42,29 +43,43 @@ constexpr bool is_accelerator(DeviceFamily family) noexcept {
 /// neml2::Device gpu = "cuda:1";   // throws FatalError for "gpu", "cuda:x", ...
 /// at::Tensor x = at::ones({3}, gpu.torch());
 /// @endcode
+///
+/// Thread safety: a small value (a family and an index); const use from any number of
+/// threads is safe, as for any value type.
 class Device {
 public:
+  /// A family and an index (-1: the bare family).
   /* implicit */ Device(DeviceFamily family = DeviceFamily::cpu, int index = -1)
       : _family(family)
       , _index(index) {}
+  /// From "cpu", "cuda", "cuda:1", ...; a FatalError for an unknown family or a bad index.
   /* implicit */ Device(std::string_view text) { parse(text); }
+  /// @copydoc Device(std::string_view)
   /* implicit */ Device(const char* text) { parse(text); }
+  /// @copydoc Device(std::string_view)
   /* implicit */ Device(const std::string& text) { parse(text); }
+  /// From a torch device; a FatalError for a type this library does not know (meta, ...).
   /* implicit */ Device(const c10::Device& device);
 
+  /// The family: cpu, cuda, ...
   [[nodiscard]] DeviceFamily family() const noexcept { return _family; }
   /// The pinned index, or -1 for a bare family.
   [[nodiscard]] int index() const noexcept { return _index; }
+  /// True for a pinned device (`cuda:1`), false for a bare family (`cuda`).
   [[nodiscard]] bool has_index() const noexcept { return _index >= 0; }
+  /// Everything but the host CPU.
   [[nodiscard]] bool is_accelerator() const noexcept { return neml2::is_accelerator(_family); }
   /// The folder under an artifact root that holds this family's graphs.
   [[nodiscard]] std::string_view folder() const noexcept { return name(_family); }
+  /// "cpu", "cuda:1": what the constructor takes.
   [[nodiscard]] std::string str() const {
     return has_index() ? std::string(name(_family)) + ':' + std::to_string(_index)
                        : std::string(name(_family));
   }
+  /// The torch device, for at::Tensor::to and at::TensorOptions.
   [[nodiscard]] c10::Device torch() const;
 
+  /// Same family and index (`cuda` and `cuda:0` differ here).
   friend bool operator==(const Device&, const Device&) = default;
 
 private:
@@ -74,6 +89,7 @@ private:
   int _index = -1;
 };
 
+/// Writes str().
 inline std::ostream& operator<<(std::ostream& os, const Device& device) {
   return os << device.str();
 }

@@ -21,3 +21,4 @@
 #include <neml2/policies/sync_chunking.hpp>
 #include <neml2/policy.hpp>
 #include <neml2/session.hpp>
+#include <neml2/version.hpp>

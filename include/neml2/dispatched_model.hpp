@@ -689,7 +689,18 @@ private:
   std::vector<std::string> _output_labels;
 };
 
-/// Loads `name` from a stub (or an artifact root) and runs whole batches on the CPU.
+/// @name Loading a model
+/// A stub (`<name>_aoti.i`) or an artifact root folder -> a DispatchedModel. The model name
+/// may be left out when the stub holds one model (a FatalError lists the names when it
+/// holds several); a folder is the root itself and needs none.
+/// @code
+/// auto model = neml2::load_model("aoti/elasticity_aoti.i");            // CPU, whole batches
+/// auto chunked = neml2::load_model("aoti/elasticity_aoti.i", neml2::SyncChunking{.batch_size =
+/// 4096});
+/// @endcode
+/// @{
+
+/// @brief Loads `name` from a stub (or an artifact root) and runs whole batches on the CPU.
 inline DispatchedModel<SyncChunking> load_model(const std::filesystem::path& path,
                                                 const std::string& name,
                                                 c10::ScalarType dtype = c10::kDouble) {
@@ -697,12 +708,31 @@ inline DispatchedModel<SyncChunking> load_model(const std::filesystem::path& pat
           SyncChunking{}, dtype};
 }
 
-/// Loads `name` from a stub (or an artifact root), dispatched by `policy`.
+/// @brief Loads `name` from a stub (or an artifact root), dispatched by `policy`.
 template <class Policy>
 DispatchedModel<Policy> load_model(const std::filesystem::path& path, const std::string& name,
                                    Policy policy, c10::ScalarType dtype = c10::kDouble) {
   return {std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(path, name))),
           std::move(policy), dtype};
 }
+
+/// @brief Loads the one model of a stub (or an artifact root) and runs whole batches on
+/// the CPU.
+inline DispatchedModel<SyncChunking> load_model(const std::filesystem::path& path,
+                                                c10::ScalarType dtype = c10::kDouble) {
+  return {std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(path))),
+          SyncChunking{}, dtype};
+}
+
+/// @brief Loads the one model of a stub (or an artifact root), dispatched by `policy`.
+/// (A name in the second place is the overload above that takes one.)
+template <class Policy>
+requires(!std::convertible_to<Policy, std::string>) DispatchedModel<Policy> load_model(
+    const std::filesystem::path& path, Policy policy, c10::ScalarType dtype = c10::kDouble) {
+  return {std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(path))),
+          std::move(policy), dtype};
+}
+
+/// @}
 
 } // namespace neml2

@@ -23,8 +23,13 @@ namespace neml2 {
 /// try { auto out = model.forward(inputs); }
 /// catch (const neml2::Exception & e) { if (!e.recoverable()) throw; /* cut the step */ }
 /// @endcode
+///
+/// Thread safety: every error is an immutable value once thrown; it may be caught,
+/// copied and read on any thread (an AggregateError's parts are exception_ptrs, which
+/// rethrow safely anywhere).
 class Exception : public std::runtime_error {
 public:
+  /// `message` for what(); `details` the full text of a foreign error it translates.
   Exception(const std::string& message, bool recoverable, std::string details = {})
       : std::runtime_error(message)
       , _recoverable(recoverable)
@@ -44,6 +49,7 @@ private:
 /// @brief A retry would fail the same way: bad input, malformed artifact, foreign error.
 class FatalError : public Exception {
 public:
+  /// What failed, where, and how to fix it.
   explicit FatalError(const std::string& message, std::string details = {})
       : Exception(message, false, std::move(details)) {}
 };
@@ -60,6 +66,7 @@ public:
 /// @endcode
 class ConvergenceError : public Exception {
 public:
+  /// The whole-call form: which rows failed is not known.
   explicit ConvergenceError(const std::string& message)
       : Exception(message, true) {}
 
@@ -102,10 +109,12 @@ private:
 /// @brief Several errors at once (concurrent chunks); recoverable only if all are.
 class AggregateError : public Exception {
 public:
+  /// The errors, in chunk order; what() summarizes them.
   explicit AggregateError(std::vector<std::exception_ptr> errors)
       : Exception(summarize(errors), all_recoverable(errors))
       , _errors(std::move(errors)) {}
 
+  /// The errors, in chunk order: rethrow one to inspect it.
   [[nodiscard]] const std::vector<std::exception_ptr>& errors() const noexcept { return _errors; }
 
 private:

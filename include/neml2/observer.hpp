@@ -18,7 +18,8 @@
 
 namespace neml2 {
 
-/// One chunk of a call, reported when it completes (failed chunks too).
+/// One chunk of a call, reported when it completes (failed chunks too). A plain value
+/// (thread safety: see ChunkObserver for where it is delivered).
 struct ChunkEvent {
   std::size_t index = 0;        ///< order of assignment within the call: 0, 1, 2, ...
   std::size_t device_index = 0; ///< position of the device in the policy's list

@@ -61,8 +61,8 @@ struct asynchronous {};
 /// An asynchronous policy's answer: `rows` rows (1 to the rows remaining) go to
 /// `device`, an index into the policy's devices.
 struct ChunkChoice {
-  std::size_t device = 0;
-  std::int64_t rows = 0;
+  std::size_t device = 0; ///< index into the policy's devices
+  std::int64_t rows = 0;  ///< rows of the next chunk
 };
 
 /// The state of a policy that keeps none.

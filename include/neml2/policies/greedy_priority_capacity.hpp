@@ -28,23 +28,31 @@ namespace neml2 {
 ///                                   .batch_sizes = {1024, 65536},
 ///                                   .capacities = {1024, 4 * 65536}});
 /// @endcode
+///
+/// Thread safety: a plain value, never changed by the model that holds it (the rows in
+/// flight are the model's, under its lock); one DispatchedModel<GreedyPriorityCapacity>
+/// may be called from several threads at once, their chunks sharing the devices.
 /// @see DispatchedModel, SyncChunking
 struct GreedyPriorityCapacity {
-  using dispatch_mode = asynchronous;
+  using dispatch_mode = asynchronous; ///< chunks run on a worker per device
 
-  std::vector<Device> devices;
-  std::vector<std::int64_t> batch_sizes;
+  std::vector<Device> devices;               ///< the pool: at most one CPU, each device once
+  std::vector<std::int64_t> batch_sizes;     ///< rows per chunk: one per device, or one for all
   std::vector<std::int64_t> capacities = {}; ///< rows in flight; empty: one chunk
   std::vector<double> priorities = {};       ///< higher first; empty: all equal
 
+  /// Rows per chunk on device `d`.
   [[nodiscard]] std::int64_t batch_size(std::size_t d) const { return of(batch_sizes, d); }
+  /// Rows device `d` may have in flight.
   [[nodiscard]] std::int64_t capacity(std::size_t d) const {
     return capacities.empty() ? batch_size(d) : of(capacities, d);
   }
+  /// Device `d`'s priority (1 when none given).
   [[nodiscard]] double priority(std::size_t d) const {
     return priorities.empty() ? 1 : of(priorities, d);
   }
 
+  /// The next chunk: the device of highest priority with room, or nullopt to wait.
   [[nodiscard]] std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
                                                       std::int64_t remaining, no_state&) const {
     std::optional<std::size_t> best;
@@ -56,7 +64,9 @@ struct GreedyPriorityCapacity {
       return std::nullopt;
     return ChunkChoice{*best, std::min(remaining, batch_size(*best))};
   }
+  /// Nothing to learn: the loads are the model's.
   void on_dispatched(std::size_t, std::int64_t, no_state&) const {}
+  /// Nothing to learn from timings.
   void on_completed(std::size_t, std::int64_t, double, no_state&) const {}
 
   /// Chunks a device may have in flight at once: capacity over batch size.
@@ -64,6 +74,7 @@ struct GreedyPriorityCapacity {
     return static_cast<std::size_t>(capacity(d) / batch_size(d));
   }
 
+  /// A FatalError naming the field for a bad pool or list (run at construction of the model).
   void validate() const {
     validate_device_pool(devices, "GreedyPriorityCapacity.devices");
     const auto n = devices.size();

@@ -92,11 +92,17 @@ inline int mpi_cpu_share(int cores, int cpu_ranks, int accelerator_ranks, int in
 ///     neml2::MPIRankAssign({.devices = {"cuda:0", "cuda:1"}, .batch_sizes = {65536}}));
 /// auto out = model.forward({{"strain", my_rows}});   // on this rank's device
 /// @endcode
+///
+/// Thread safety: constructing one is collective over `comm` (every rank, one thread
+/// each, as MPI requires); after that it is a plain value, never changed, and
+/// DispatchedModel<MPIRankAssign> is as thread-safe as with SyncChunking: it makes no
+/// MPI call of its own.
 /// @see SyncChunking, DispatchedModel
 class MPIRankAssign {
 public:
-  using dispatch_mode = synchronous;
+  using dispatch_mode = synchronous; ///< runs on the calling thread
 
+  /// What the ranks share: the node's devices, chunk sizes, communicators, CPU threads.
   struct Config {
     /// The devices of each node, shared by its ranks (at most one CPU, one bare entry per
     /// accelerator family, no bare entry beside pinned ones, each index once).
@@ -117,20 +123,28 @@ public:
   /// Assigns this rank its device; collective over `config.comm`.
   /* implicit */ MPIRankAssign(const Config& config);
 
+  /// The policy interface: this rank's one device.
   [[nodiscard]] std::array<Device, 1> devices() const { return {_device}; }
+  /// Where this rank's chunks run.
   [[nodiscard]] Device compute_device() const { return _device; }
+  /// Rows per chunk on this rank's device (0: its whole batch).
   [[nodiscard]] std::int64_t chunk_rows(std::int64_t /*batch*/) const { return _batch_size; }
 
   /// This rank's device, its position in the node's list, and its chunk size.
   [[nodiscard]] const Device& device() const noexcept { return _device; }
+  /// This rank's device's position in device_pool().
   [[nodiscard]] std::size_t device_index() const noexcept { return _device_index; }
+  /// This rank's rows per chunk.
   [[nodiscard]] std::int64_t batch_size() const noexcept { return _batch_size; }
   /// The node's device list this rank chose from.
   [[nodiscard]] const std::vector<Device>& device_pool() const noexcept { return _pool; }
   /// This rank in `comm`, and in its node group.
   [[nodiscard]] int rank() const noexcept { return _rank; }
+  /// The number of ranks in `comm`.
   [[nodiscard]] int size() const noexcept { return _size; }
+  /// This rank in its node group.
   [[nodiscard]] int local_rank() const noexcept { return _local_rank; }
+  /// The number of ranks in its node group.
   [[nodiscard]] int local_size() const noexcept { return _local_size; }
   /// The intra-op threads this rank set, 0 when it left them alone.
   [[nodiscard]] int cpu_threads() const noexcept { return _cpu_threads; }

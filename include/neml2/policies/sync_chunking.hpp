@@ -18,17 +18,25 @@ namespace neml2 {
 /// auto model = neml2::load_model("aoti/model_aoti.i", "model",
 ///                                neml2::SyncChunking{.device = "cuda:0", .batch_size = 4096});
 /// @endcode
+///
+/// Thread safety: a plain value, never changed by the model that holds it; one
+/// DispatchedModel<SyncChunking> may be called from several threads at once (each call
+/// runs on its caller's thread).
 /// @see DispatchedModel
 struct SyncChunking {
-  using dispatch_mode = synchronous;
+  using dispatch_mode = synchronous; ///< runs on the calling thread
 
-  Device device = DeviceFamily::cpu;
-  std::int64_t batch_size = 0;
+  Device device = DeviceFamily::cpu; ///< where every chunk runs
+  std::int64_t batch_size = 0;       ///< rows per graph call; 0: the whole batch at once
 
+  /// The one device.
   [[nodiscard]] std::array<Device, 1> devices() const { return {device}; }
+  /// Where the chunks run: `device`.
   [[nodiscard]] Device compute_device() const { return device; }
+  /// Rows per chunk: `batch_size`.
   [[nodiscard]] std::int64_t chunk_rows(std::int64_t /*batch*/) const { return batch_size; }
 
+  /// A FatalError for a negative batch_size (run at construction of the model).
   void validate() const {
     if (batch_size < 0)
       throw FatalError("SyncChunking.batch_size is " + std::to_string(batch_size) +
