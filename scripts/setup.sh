@@ -8,7 +8,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 export NEML2_DISPATCH_CACHE="${NEML2_DISPATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/neml2-dispatch}"
 
 # clang and libclang-rt-14-dev (libFuzzer) only for scripts/fuzz.sh.
-debian_packages=(cmake g++ libfmt-dev nlohmann-json3-dev doctest-dev libbenchmark-dev
+debian_packages=(cmake g++ libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev libbenchmark-dev
                  libopenmpi-dev openmpi-bin clang libclang-rt-14-dev)
 # python3-venv only where the system python lacks venv (pyenv builds have it).
 python3 -c 'import venv, ensurepip' 2>/dev/null || debian_packages+=(python3-venv)
