@@ -50,6 +50,7 @@ std::vector<std::pair<std::string, bool>> operations_of(const Artifact& a) {
             {"param_jacobian", param_jacobian},
             {"param_vjp", param_vjp}};
   }
+  param = param && !a.parameter_derivatives.empty(); // the pairs the chain contracts
   return {{"forward", true},
           {"jvp", input},
           {"jacobian", input},

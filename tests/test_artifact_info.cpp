@@ -58,7 +58,17 @@ TEST_CASE("the operations info lists are exactly those a session runs, on every 
     const auto info = artifact_info(*artifact);
     REQUIRE(!info.leaves.empty());
     const auto dtype = dtype_from_name(info.leaves.front().dtype);
-    const Session session(artifact, "cpu", dtype);
+    std::optional<Session> loaded;
+    try {
+      loaded.emplace(artifact, "cpu", dtype);
+    } catch (const FatalError& e) {
+      // neml2-compile 3.1 writes float64 graphs into a float32 folder: the session refuses
+      // them (docs/artifact-contract.md); info still describes the artifact.
+      CHECK(contains(e.what(), "sits in a float32 folder"));
+      CHECK(!format_artifact_info(info).empty());
+      continue;
+    }
+    const auto& session = *loaded;
     for (const auto& [op, available] : info.operations) {
       CAPTURE(op);
       CHECK(available == runs(session, *artifact, op));

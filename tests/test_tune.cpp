@@ -41,11 +41,12 @@ struct Synthetic {
   }
 };
 
-Sweep sweep_of(Synthetic& s, SweepOptions options = {}) {
+// The sweep over `s`, with no time budget unless `options` sets one.
+Sweep sweep_of(Synthetic& s, SweepOptions options = {.budget_seconds = 1e9}) {
   return run_sweep([&](std::int64_t rows) { return s(rows); }, options);
 }
 
-const TunePoint& best_of(const Sweep& sweep) {
+TunePoint best_of(const Sweep& sweep) {
   return DeviceCurve{.points = sweep.points()}.best();
 }
 
@@ -76,22 +77,20 @@ TEST_CASE("summarize: rows per second of each repeat, their median and extremes"
 }
 
 TEST_CASE("a knee: doubling stops after `patience` sizes that are not 3 % better") {
-  // rows/s = peak r / (r + r0): doubling r gains 2 (r + r0) / (2 r + r0), under 3 % once
-  // r > 16.2 r0. With r0 = 1000 the last gain is 16384 -> 32768: 32768 and 65536 are not
-  // better, so doubling ends at 65536.
+  // rows/s = peak r / (r + r0), r0 = 1000, compared with the best so far: 32768 gains 2.96 %
+  // over 16384 (not better), 65536 4.5 % (better), then 131072 and 262144 gain 0.8 % and
+  // 1.1 % over 65536: doubling ends at 262144.
   Synthetic s{[](std::int64_t r) { return 1e7 * r / (r + 1000.0); }};
   const auto sweep = sweep_of(s);
-  CHECK(first(s.asked, 17) == powers_of_two(1, 65536));
-  CHECK(std::find(s.asked.begin(), s.asked.end(), 131072) == s.asked.end());
+  CHECK(first(s.asked, 19) == powers_of_two(1, 262144));
+  CHECK(std::find(s.asked.begin(), s.asked.end(), 524288) == s.asked.end());
   CHECK(sweep.stop() == SweepStop::finished);
-  // Refinement only between the best size and its neighbours.
-  const auto& best = best_of(sweep);
-  CHECK(best.rows > 32768);
-  for (std::size_t i = 17; i < s.asked.size(); ++i) {
-    CHECK(s.asked[i] > 32768);
-    CHECK(s.asked[i] < 65536);
-  }
-  CHECK(s.asked.size() > 17);
+  // Refinement only between the best size (the largest: the curve only rises) and its
+  // measured neighbour: 185364, then 220436.
+  const auto best = best_of(sweep);
+  CHECK(std::vector<std::int64_t>(s.asked.begin() + 19, s.asked.end()) ==
+        std::vector<std::int64_t>{185364, 220436});
+  CHECK(best.rows == 262144);
   // The knee: the smallest size reaching 90 % of the best, by brute force over the table.
   const DeviceCurve curve{.device = "cpu", .points = sweep.points()};
   const auto& knee = curve.knee(0.9);
@@ -99,9 +98,9 @@ TEST_CASE("a knee: doubling stops after `patience` sizes that are not 3 % better
   for (const auto& p : sweep.points())
     if (p.rows < knee.rows)
       CHECK(p.median < 0.9 * best.median);
-  // The best is 65536 / 66536 = 0.985 of the peak: 8192 / 9192 = 0.891 reaches 90 % of it,
-  // 4096 / 5096 = 0.804 does not.
-  CHECK(knee.rows == 8192);
+  // The best is 262144 / 263144 = 0.9962 of the peak: 16384 / 17384 = 0.942 reaches 90 % of
+  // it, 8192 / 9192 = 0.891 does not.
+  CHECK(knee.rows == 16384);
 }
 
 TEST_CASE("a dip: one size that is worse does not stop the doubling") {
@@ -118,7 +117,7 @@ TEST_CASE("a dip: one size that is worse does not stop the doubling") {
 
 TEST_CASE("a plateau: constant throughput stops after patience sizes, the smallest is best") {
   Synthetic s{[](std::int64_t) { return 1e6; }};
-  const auto sweep = sweep_of(s, {.patience = 3});
+  const auto sweep = sweep_of(s, {.patience = 3, .budget_seconds = 1e9});
   CHECK(s.asked == std::vector<std::int64_t>{1, 2, 4, 8}); // midpoints round onto known sizes
   CHECK(best_of(sweep).rows == 1);
   CHECK(DeviceCurve{.device = "cpu", .points = sweep.points()}.knee(0.99).rows == 1);
@@ -168,13 +167,14 @@ TEST_CASE("the time budget counts each measurement's elapsed seconds, warm-up in
 
 TEST_CASE("the cap ends the doubling at max_rows itself") {
   Synthetic s{[](std::int64_t r) { return static_cast<double>(r); }};
-  const auto sweep = sweep_of(s, {.max_rows = 1000, .refine_rounds = 0});
+  const auto sweep = sweep_of(s, {.max_rows = 1000, .refine_rounds = 0, .budget_seconds = 1e9});
   auto expected = powers_of_two(1, 512);
   expected.push_back(1000);
   CHECK(s.asked == expected);
   CHECK(sweep.stop() == SweepStop::cap);
   CHECK(best_of(sweep).rows == 1000);
-  const auto from = sweep_of(s, {.min_rows = 3, .max_rows = 20, .refine_rounds = 0});
+  const auto from =
+      sweep_of(s, {.min_rows = 3, .max_rows = 20, .refine_rounds = 0, .budget_seconds = 1e9});
   CHECK(from.points().front().rows == 3);
   CHECK(from.points().back().rows == 20);
 }
@@ -406,7 +406,8 @@ TEST_CASE("the artifact hash changes with metadata.json and with the graphs, and
   CHECK(artifact_hash(read_artifact(root), "cpu", at::kDouble) == hash); // same content
   std::ofstream(root / "metadata.json", std::ios::app) << "\n";
   CHECK(artifact_hash(read_artifact(root), "cpu", at::kDouble) != hash);
-  const auto copy = scratch.copy_root("elasticity", "again");
+  const test::Scratch another;
+  const auto copy = another.copy_root("elasticity", "elasticity");
   fs::path graph;
   for (const auto& e : fs::recursive_directory_iterator(copy / "cpu"))
     if (e.is_regular_file())

@@ -600,6 +600,19 @@ int main(int argc, char** argv) {
   run.add(app);
   tune.add(app);
   simulate.add(app);
+  const auto known = [&](const std::string& name) {
+    for (const auto* c : app.get_subcommands({}))
+      if (c->get_name() == name)
+        return true;
+    return false;
+  };
+  if (argc > 1 && argv[1][0] != '-' && !known(argv[1])) {
+    std::fprintf(stderr,
+                 "neml2-dispatch: unknown command '%s'; the commands are info, run, tune "
+                 "and simulate (see neml2-dispatch --help)\n",
+                 argv[1]);
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
