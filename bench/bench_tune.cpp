@@ -63,7 +63,7 @@ int main(int argc, char** argv) try {
     std::printf("\n%s (%lld rows per batch)\n", c.artifact, static_cast<long long>(c.batch));
 
     const auto start = clock_type::now();
-    const auto tuned = neml2::tune(artifact, {"cpu"}, {}, c.model);
+    const auto tuned = neml2::tune(artifact, {"cpu"}, {.batch_rows = c.batch}, c.model);
     const auto tuning = std::chrono::duration<double>(clock_type::now() - start).count();
     const auto rows = neml2::recommend(tuned).sync.front().batch_size;
     std::printf("  tune(): %.1f s, %zu sizes, best %lld rows (%.3e rows/s), stop: %s\n", tuning,

@@ -2,9 +2,11 @@
 // measurement of a real model through DispatchedModel<SyncChunking>.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <fstream>
+#include <memory>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -57,9 +59,10 @@ TunePoint summarize(std::int64_t rows, const Timing& timing) {
     throw FatalError(fmt::format("the measurement of {} rows gave no timings; a measurement "
                                  "returns one time per repeat (or out_of_memory)",
                                  rows));
+  const auto per_call = static_cast<double>(timing.rows_per_call > 0 ? timing.rows_per_call : rows);
   std::vector<double> rate;
   for (const auto s : timing.seconds)
-    rate.push_back(static_cast<double>(rows) / std::max(s, 1e-12));
+    rate.push_back(per_call / std::max(s, 1e-12));
   std::sort(rate.begin(), rate.end());
   const auto n = rate.size();
   p.median = n % 2 ? rate[n / 2] : 0.5 * (rate[n / 2 - 1] + rate[n / 2]);
@@ -820,6 +823,18 @@ Timing measure_calls(const std::function<void()>& call, const Device& device, in
 }
 
 namespace {
+// SyncChunking whose chunk size the tuner changes between measurements, so that one model
+// (one load of the graphs) serves every size.
+struct TuningChunks {
+  using dispatch_mode = synchronous;
+  Device device;
+  std::shared_ptr<std::int64_t> rows = std::make_shared<std::int64_t>(0);
+  [[nodiscard]] std::array<Device, 1> devices() const { return {device}; }
+  [[nodiscard]] Device compute_device() const { return device; }
+  [[nodiscard]] std::int64_t chunk_rows(std::int64_t) const { return *rows; }
+};
+static_assert(DispatchPolicy<TuningChunks>);
+
 // Times one operation on `rows` rows; inputs that do not converge are the caller's to fix.
 template <class Model>
 Timing time_operation(const Model& model, const Device& device, const TuneOptions& options,
@@ -845,10 +860,13 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
     throw FatalError(fmt::format("tune(): operation '{}' is not one tune() measures; use forward, "
                                  "jacobian or param_jacobian",
                                  options.operation));
-  if (options.repeats < 1 || options.warmup < 0)
-    throw FatalError(fmt::format("tune(): repeats is {} and warmup {}; give repeats >= 1 and "
-                                 "warmup >= 0",
-                                 options.repeats, options.warmup));
+  if (options.repeats < 1 || options.warmup < 0 || options.batch_rows < 1 || options.max_chunks < 1)
+    throw FatalError(fmt::format("tune(): repeats is {}, warmup {}, batch_rows {} and max_chunks "
+                                 "{}; give repeats, batch_rows and max_chunks >= 1 and warmup "
+                                 ">= 0",
+                                 options.repeats, options.warmup, options.batch_rows,
+                                 options.max_chunks));
+  const auto call_rows = [&](std::int64_t rows) { return std::max(options.batch_rows, rows); };
   TuneResult result{
       .model = model, .operation = options.operation, .machine = current_machine(options.dtype)};
   const auto shared = std::make_shared<const Artifact>(artifact);
@@ -857,16 +875,23 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
     DeviceCurve curve{.device = device,
                       .device_name = device_name(device),
                       .artifact_hash = artifact_hash(artifact, device, options.dtype)};
-    const DispatchedModel<SyncChunking> whole(shared, SyncChunking{.device = device},
-                                              options.dtype);
+    const TuningChunks chunks{.device = device};
+    const DispatchedModel<TuningChunks> chunked(shared, chunks, options.dtype);
     auto sweep_options = options.sweep;
+    sweep_options.min_rows = std::max(
+        sweep_options.min_rows, (options.batch_rows + options.max_chunks - 1) / options.max_chunks);
     sweep_options.max_rows =
         std::max(sweep_options.min_rows,
                  std::min(sweep_options.max_rows, rows_that_fit(artifact, device, options.dtype)));
+    // One call of batch_rows (or of the size, when larger) in chunks of the size.
     const auto sweep = run_sweep(
         [&](std::int64_t rows) {
-          const auto inputs = tune_inputs(artifact, options.inputs, rows, device, options.dtype);
-          return time_operation(whole, device, options, inputs, rows);
+          const auto batch = call_rows(rows);
+          const auto inputs = tune_inputs(artifact, options.inputs, batch, device, options.dtype);
+          *chunks.rows = rows;
+          auto timing = time_operation(chunked, device, options, inputs, rows);
+          timing.rows_per_call = batch;
+          return timing;
         },
         sweep_options,
         [&](const TunePoint& p, const Sweep& s) {

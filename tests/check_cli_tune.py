@@ -38,14 +38,15 @@ def main():
         if os.path.exists(f):
             os.remove(f)
     done = run(program, "tune", stub, "--device", "cpu", "--budget", "3", "--max-rows", "4096",
-               "--repeats", "2", "--out", tune_file, "--plot", curves)
+               "--repeats", "2", "--batch", "4096", "--out", tune_file, "--plot", curves)
     data = json.load(open(tune_file))
     assert data["format"] == "neml2-dispatch tune file" and data["version"] == 1
     assert data["model"] == "elasticity" and data["dtype"] == "float64"
     device = data["devices"][0]
     assert device["device"] == "cpu" and len(device["artifact_hash"]) == 40
     rows = [p["rows"] for p in device["points"]]
-    assert rows[0] == 1 and max(rows) <= 4096 and rows == sorted(rows), rows
+    # From --batch / 1024 chunks (4 rows) up to --max-rows.
+    assert rows[0] == 4 and max(rows) <= 4096 and rows == sorted(rows), rows
     for p in device["points"]:
         assert p["low"] <= p["median"] <= p["high"] and p["repeats"] == 2, p
     best = max(device["points"], key=lambda p: p["median"])["rows"]

@@ -71,6 +71,10 @@ TEST_CASE("summarize: rows per second of each repeat, their median and extremes"
   CHECK(p.low == doctest::Approx(500));
   CHECK(p.high == doctest::Approx(10000));
   CHECK(summarize(10, Timing{.seconds = {1, 2, 4}}).median == doctest::Approx(5));
+  // A size timed as the chunk size of a larger call: the call's rows over its seconds.
+  const auto chunked = summarize(10, Timing{.seconds = {2}, .rows_per_call = 1000});
+  CHECK(chunked.rows == 10);
+  CHECK(chunked.median == doctest::Approx(500));
   CHECK(summarize(10, Timing{.out_of_memory = true}).out_of_memory);
   CHECK_THROWS_WITH_AS((void)summarize(10, Timing{}), doctest::Contains("gave no timings"),
                        FatalError);
@@ -499,6 +503,8 @@ TEST_CASE("tune() on a real model: a table whose keys match this machine") {
   std::vector<std::int64_t> seen;
   TuneOptions options{.sweep = {.max_rows = 64, .refine_rounds = 1, .budget_seconds = 5},
                       .repeats = 2,
+                      .batch_rows = 64,
+                      .max_chunks = 64,
                       .on_point = [&](std::size_t d, const TunePoint& p, const Sweep&) {
                         CHECK(d == 0);
                         seen.push_back(p.rows);

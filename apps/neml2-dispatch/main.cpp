@@ -129,7 +129,7 @@ struct InputArguments {
 // What is timed and how often (tune: per size; run: the batch).
 struct MeasureArguments {
   std::string operation = "forward";
-  int repeats = 5, warmup = 1;
+  int repeats = 3, warmup = 1;
   void add(CLI::App* app) {
     app->add_option("--operation", operation, "what to time")
         ->check(CLI::IsMember({"forward", "jacobian", "param_jacobian"}));
@@ -254,6 +254,7 @@ struct TuneCommand {
   EvaluationArguments evaluation;
   std::vector<std::string> devices;
   double budget = 30;
+  std::int64_t batch = std::int64_t{1} << 16;
   std::int64_t min_rows = 1, max_rows = std::int64_t{1} << 22;
   std::string out, plot_file, python;
 
@@ -266,8 +267,12 @@ struct TuneCommand {
         ->check(device_check);
     c->add_option("--budget", budget, "seconds of measurement per device")
         ->check(CLI::PositiveNumber);
-    c->add_option("--min-rows", min_rows, "the smallest batch")->check(CLI::PositiveNumber);
-    c->add_option("--max-rows", max_rows, "the largest batch (also capped to what fits)")
+    c->add_option("--batch", batch,
+                  "rows per call of your host: each size is timed as the chunk size of such a "
+                  "call (sizes start at batch / 1024)")
+        ->check(CLI::PositiveNumber);
+    c->add_option("--min-rows", min_rows, "the smallest chunk size")->check(CLI::PositiveNumber);
+    c->add_option("--max-rows", max_rows, "the largest chunk size (also capped to what fits)")
         ->check(CLI::PositiveNumber);
     c->add_option("--out", out, "the tune file to write (default: <model>.tune.json)");
     c->add_option("--plot", plot_file, "also draw the curves into this PNG");
@@ -286,6 +291,7 @@ struct TuneCommand {
         .dtype = evaluation.model.scalar_type(),
         .warmup = evaluation.measured.warmup,
         .repeats = evaluation.measured.repeats,
+        .batch_rows = batch,
         .inputs = evaluation.inputs.inputs(),
         .on_point = {}};
     std::size_t last = 0;

@@ -42,13 +42,15 @@ namespace neml2 {
 
 // ---------------------------------------------------------------------------- the sweep
 
-/// What one measurement of `rows` rows gave: the wall seconds of each timed repeat (after
-/// warm-up), the seconds the measurement took in all (warm-up included; 0: their sum),
-/// or that the batch did not fit in the device's memory.
+/// What one measurement of a size gave: the wall seconds of each timed repeat (after
+/// warm-up), each evaluating `rows_per_call` rows (0: the size itself), the seconds the
+/// measurement took in all (warm-up included; 0: the repeats' sum), or that it did not fit
+/// in the device's memory.
 struct Timing {
   std::vector<double> seconds = {};
   double elapsed = 0;
   bool out_of_memory = false;
+  std::int64_t rows_per_call = 0;
 };
 
 /// One size of the table: rows per second over the repeats (median, lowest, highest).
@@ -260,7 +262,16 @@ struct TuneOptions {
   std::string operation = "forward"; ///< forward, jacobian or param_jacobian
   c10::ScalarType dtype = c10::kDouble;
   int warmup = 1;
-  int repeats = 5;
+  int repeats = 3;
+  /// The rows of the calls your host makes: each size is timed as the chunk size of one
+  /// call of max(batch_rows, size) rows, so that what a chunk costs beside its graphs
+  /// (slicing, gathering results, fresh memory) counts as in the run. One hot call of a
+  /// size alone overstates it: elasticity at 4096 rows measured 2.8e8 rows/s alone, 1.3e7
+  /// as chunks of a 2^20-row call (docs/tuning.md).
+  std::int64_t batch_rows = std::int64_t{1} << 16;
+  /// Sizes start at batch_rows / max_chunks (or sweep.min_rows, if larger): smaller chunks
+  /// would make each measurement many calls long.
+  std::int64_t max_chunks = 1024;
   TuneInputs inputs = {};
   /// Test chunks in flight 1, 2, 4 on accelerators (capacities of the pool).
   bool overlap_test = true;
