@@ -116,6 +116,9 @@ std::optional<std::int64_t> Sweep::next() {
   }
   if (_growing)
     return _pending = _next_growth;
+  for (const auto rows : _options.also)
+    if (rows >= _options.min_rows && rows <= _options.max_rows && !known(rows))
+      return _pending = rows;
   return _pending = next_refinement();
 }
 
@@ -883,6 +886,7 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
     sweep_options.max_rows =
         std::max(sweep_options.min_rows,
                  std::min(sweep_options.max_rows, rows_that_fit(artifact, device, options.dtype)));
+    sweep_options.also.push_back(std::min(options.batch_rows, sweep_options.max_rows));
     // One call of batch_rows (or of the size, when larger) in chunks of the size.
     const auto sweep = run_sweep(
         [&](std::int64_t rows) {

@@ -160,6 +160,19 @@ TEST_CASE("noise: the median ignores outlying repeats, so the decisions do not c
   }
 }
 
+TEST_CASE("sizes asked for besides the doubling are measured, and refined around when best") {
+  // Fast at small sizes, slow in the middle, fastest at 2^20: doubling stops at 64, the
+  // whole call of 2^20 rows is measured anyway, and refinement then searches below it.
+  Synthetic s{[](std::int64_t r) { return r <= 16 ? 100.0 * r : r < 1 << 20 ? 1000.0 : 1e5; }};
+  const auto sweep = sweep_of(s, {.budget_seconds = 1e9, .also = {1 << 20, 3}});
+  CHECK(first(s.asked, 9) == std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64, 1 << 20, 3});
+  CHECK(best_of(sweep).rows == 1 << 20);
+  CHECK(s.asked[9] == 8192); // the geometric midpoint of 64 and 2^20
+  Synthetic plain{s.rows_per_second};
+  (void)sweep_of(plain);
+  CHECK(std::find(plain.asked.begin(), plain.asked.end(), 1 << 20) == plain.asked.end());
+}
+
 TEST_CASE("the time budget counts each measurement's elapsed seconds, warm-up included") {
   Synthetic s{[](std::int64_t r) { return static_cast<double>(r); }};
   s.elapsed = 10; // the repeats alone would take 3 s

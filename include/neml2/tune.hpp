@@ -76,6 +76,9 @@ struct SweepOptions {
   int refine_rounds = 2;
   /// The sweep measures nothing more once its measurements took this long in all.
   double budget_seconds = 30;
+  /// Sizes measured once doubling stops, whether or not it reached them (tune() adds its
+  /// batch_rows: the whole call unchunked, which a curve with a far second rise can win).
+  std::vector<std::int64_t> also = {};
 };
 
 /// Why a sweep ended.
