@@ -9,7 +9,7 @@ export NEML2_DISPATCH_CACHE="${NEML2_DISPATCH_CACHE:-${XDG_CACHE_HOME:-$HOME/.ca
 
 # clang and libclang-rt-14-dev (libFuzzer) only for scripts/fuzz.sh; doxygen for the API
 # reference (the docs_api test).
-debian_packages=(cmake g++ libfmt-dev nlohmann-json3-dev doctest-dev libbenchmark-dev
+debian_packages=(cmake g++ libfmt-dev nlohmann-json3-dev doctest-dev libcli11-dev libbenchmark-dev
                  libopenmpi-dev openmpi-bin clang libclang-rt-14-dev doxygen)
 # python3-venv only where the system python lacks venv (pyenv builds have it).
 python3 -c 'import venv, ensurepip' 2>/dev/null || debian_packages+=(python3-venv)

@@ -1,0 +1,236 @@
+#pragma once
+
+/// @file simulate.hpp
+/// @brief A node on a virtual clock: per-device throughput curves (from a tune file, or
+/// entered by hand) replayed through a real dispatch policy, to plan a node one does not
+/// have (eight GPUs beside the CPU) before running on it.
+///
+/// The policy is called exactly as DispatchedModel calls it: next_chunk() with the rows in
+/// flight per device until it waits, on_dispatched() per chunk, on_completed() with the
+/// chunk's seconds as each completes (in completion order; ties in dispatch order). A chunk
+/// waits for a free lane of its device (chunks_in_flight, on accelerators), copies its rows
+/// (`transfer_seconds_per_row`, overlapping other chunks' compute), then computes for
+/// `chunk_overhead` + rows / throughput(rows), one chunk at a time per device.
+/// Deterministic: no clock, no thread.
+/// @code
+/// std::vector<neml2::SimulatedDevice> node = {{neml2::ThroughputCurve::constant(2e6)}};
+/// for (int g = 0; g < 8; ++g)
+///   node.push_back({gpu_curve, 20e-6, 1e-8});
+/// auto sim = neml2::simulate(pool_policy, node, 1 << 24);
+/// std::printf("%.1f %% of ideal\n", 100 * sim.efficiency());
+/// @endcode
+/// @see docs/tuning.md
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <neml2/errors.hpp>
+#include <neml2/policy.hpp>
+#include <neml2/tune.hpp>
+
+namespace neml2 {
+
+/// @brief Rows per second against rows per call: interpolated linearly in log-log between
+/// the given sizes, flat beyond the first and the last.
+class ThroughputCurve {
+public:
+  ThroughputCurve() = default;
+  /// (rows, rows per second) pairs, by increasing rows, every rate > 0.
+  explicit ThroughputCurve(std::vector<std::pair<std::int64_t, double>> points);
+  [[nodiscard]] static ThroughputCurve constant(double rows_per_second);
+  /// The measured points of a tuned device's curve (medians).
+  [[nodiscard]] static ThroughputCurve from(const DeviceCurve& curve);
+
+  [[nodiscard]] double rows_per_second(std::int64_t rows) const;
+  /// The highest rate of the curve.
+  [[nodiscard]] double peak() const;
+  [[nodiscard]] const std::vector<std::pair<std::int64_t, double>>& points() const noexcept {
+    return _points;
+  }
+
+private:
+  std::vector<std::pair<std::int64_t, double>> _points = {};
+};
+
+/// One device of a simulated node.
+struct SimulatedDevice {
+  ThroughputCurve curve = {};
+  double chunk_overhead = 0;           ///< seconds per chunk (launch, dispatch)
+  double transfer_seconds_per_row = 0; ///< copying a row's inputs and results
+};
+
+/// One chunk on the virtual clock.
+struct SimulatedChunk {
+  std::size_t call = 0, index = 0, device = 0;
+  std::int64_t first = 0, rows = 0;
+  double dispatched = 0, start = 0, compute_start = 0, end = 0; ///< seconds
+};
+
+/// What a simulation found.
+struct Simulation {
+  std::int64_t batch = 0;
+  std::size_t calls = 1;
+  double makespan = 0;           ///< from the first call to the end of the last
+  double ideal = 0;              ///< every row at the sum of the devices' peak rates, no overhead
+  std::vector<double> busy = {}; ///< per device: seconds computing (overhead included)
+  std::vector<double> idle = {}; ///< per device: makespan - busy
+  std::vector<double> call_ends = {};
+  std::vector<SimulatedChunk> timeline = {};
+  [[nodiscard]] double efficiency() const { return makespan > 0 ? ideal / makespan : 1; }
+};
+
+/// The report as text: makespan against ideal, then a row per device (`names` label them).
+[[nodiscard]] std::string format_simulation(const Simulation& sim,
+                                            const std::vector<std::string>& names);
+/// The report and timeline as JSON (what tools/plot_tune.py draws).
+[[nodiscard]] std::string simulation_json(const Simulation& sim,
+                                          const std::vector<std::string>& names);
+
+namespace detail {
+// The virtual node: lanes, compute queues and chunk times (src/simulate.cpp).
+class VirtualNode {
+public:
+  VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::size_t> lanes);
+  /// Schedules a chunk dispatched at `now`; returns its completion time and its seconds
+  /// from starting on a lane to completing (what DispatchedModel reports).
+  std::pair<double, double> run(SimulatedChunk& chunk, double now);
+  [[nodiscard]] Simulation finish(std::int64_t batch, std::size_t calls, double makespan,
+                                  std::vector<double> call_ends,
+                                  std::vector<SimulatedChunk> timeline) const;
+  [[nodiscard]] std::size_t size() const noexcept { return _devices.size(); }
+
+private:
+  std::vector<SimulatedDevice> _devices;
+  std::vector<std::vector<double>> _lane_free;
+  std::vector<double> _compute_free, _busy;
+};
+
+[[noreturn]] void simulate_refuse(const std::string& message);
+} // namespace detail
+
+/// @brief Runs `calls` calls of `batch` rows through `policy` on `devices` (one per device
+/// the policy lists, in its order). The policy's state lives across calls, as it does in a
+/// model, so an adaptive policy learns in the first call. Errors of the policy are the
+/// FatalErrors DispatchedModel would throw.
+template <DispatchPolicy Policy>
+Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devices,
+                    std::int64_t batch, std::size_t calls = 1) {
+  if constexpr (requires { policy.validate(); })
+    policy.validate();
+  const auto listed = listed_devices(policy);
+  if (listed.size() != devices.size())
+    detail::simulate_refuse("the policy lists " + std::to_string(listed.size()) + " devices but " +
+                            std::to_string(devices.size()) +
+                            " simulated devices were given; give one curve per listed device");
+  if (batch < 0 || calls < 1)
+    detail::simulate_refuse("a simulation needs batch >= 0 and calls >= 1 (batch " +
+                            std::to_string(batch) + ", calls " + std::to_string(calls) + ")");
+  std::vector<std::size_t> lanes(devices.size(), 1);
+  if constexpr (requires(std::size_t d) { policy.chunks_in_flight(d); })
+    for (std::size_t d = 0; d < devices.size(); ++d)
+      if (listed[d].is_accelerator())
+        lanes[d] = std::max<std::size_t>(static_cast<std::size_t>(policy.chunks_in_flight(d)), 1);
+  detail::VirtualNode node({devices.begin(), devices.end()}, lanes);
+  std::vector<SimulatedChunk> timeline;
+  std::vector<double> call_ends;
+  double now = 0;
+
+  if constexpr (is_asynchronous_policy_v<Policy>) {
+    policy_state_t<Policy> state{};
+    std::vector<std::int64_t> rows_in_flight(devices.size(), 0);
+    struct Pending {
+      double end, seconds;
+      std::size_t order; // into timeline
+    };
+    std::vector<Pending> pending;
+    for (std::size_t call = 0; call < calls; ++call) {
+      std::int64_t first = 0;
+      std::size_t index = 0;
+      const auto dispatch = [&] {
+        while (first < batch) {
+          const auto choice = policy.next_chunk(std::span<const std::int64_t>(rows_in_flight),
+                                                batch - first, state);
+          if (!choice) {
+            if (std::all_of(rows_in_flight.begin(), rows_in_flight.end(),
+                            [](std::int64_t r) { return r == 0; }))
+              detail::simulate_refuse(
+                  "the dispatch policy's next_chunk() gave no chunk while every device was idle (" +
+                  std::to_string(batch - first) + " of " + std::to_string(batch) +
+                  " rows left); return a ChunkChoice when a device has room, and nullopt only to "
+                  "wait for a chunk in flight");
+            return;
+          }
+          if (choice->device >= devices.size() || choice->rows < 1 || choice->rows > batch - first)
+            detail::simulate_refuse("the dispatch policy's next_chunk() chose " +
+                                    std::to_string(choice->rows) + " rows for device index " +
+                                    std::to_string(choice->device) + " with " +
+                                    std::to_string(batch - first) + " rows remaining and " +
+                                    std::to_string(devices.size()) +
+                                    " devices; a chunk takes 1 to the remaining rows on a "
+                                    "listed device");
+          policy.on_dispatched(choice->device, choice->rows, state);
+          rows_in_flight[choice->device] += choice->rows;
+          SimulatedChunk chunk{.call = call,
+                               .index = index++,
+                               .device = choice->device,
+                               .first = first,
+                               .rows = choice->rows};
+          const auto [end, seconds] = node.run(chunk, now);
+          pending.push_back({end, seconds, timeline.size()});
+          timeline.push_back(chunk);
+          first += choice->rows;
+        }
+      };
+      dispatch();
+      while (!pending.empty()) {
+        const auto next = std::min_element(
+            pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
+              return a.end < b.end || (a.end == b.end && a.order < b.order);
+            });
+        const auto done = *next;
+        pending.erase(next);
+        now = std::max(now, done.end);
+        const auto& chunk = timeline[done.order];
+        rows_in_flight[chunk.device] -= chunk.rows;
+        policy.on_completed(chunk.device, chunk.rows, done.seconds, state);
+        dispatch();
+      }
+      call_ends.push_back(now);
+    }
+  } else {
+    std::size_t d = devices.size();
+    for (std::size_t k = 0; k < listed.size(); ++k)
+      if (listed[k] == Device(policy.compute_device()))
+        d = k;
+    if (d == devices.size())
+      detail::simulate_refuse("the dispatch policy's compute_device() is not among its devices()");
+    for (std::size_t call = 0; call < calls; ++call) {
+      auto rows = static_cast<std::int64_t>(policy.chunk_rows(batch));
+      if (rows < 0)
+        detail::simulate_refuse("the dispatch policy's chunk_rows() returned " +
+                                std::to_string(rows) + "; it must return >= 0");
+      rows = rows == 0 ? batch : std::min(rows, batch);
+      std::size_t index = 0;
+      for (std::int64_t first = 0; first < batch; first += rows) {
+        SimulatedChunk chunk{.call = call,
+                             .index = index++,
+                             .device = d,
+                             .first = first,
+                             .rows = std::min(rows, batch - first)};
+        now = node.run(chunk, now).first;
+        timeline.push_back(chunk);
+      }
+      call_ends.push_back(now);
+    }
+  }
+  return node.finish(batch, calls, now, std::move(call_ends), std::move(timeline));
+}
+
+} // namespace neml2

@@ -1,0 +1,322 @@
+#pragma once
+
+/// @file tune.hpp
+/// @brief Batch sizes chosen by measurement: a sweep per device, the table it makes,
+/// policies recommended from it, and a tune file the library loads back (like FFTW's
+/// wisdom) so that later runs pay nothing.
+///
+/// Opt-in (not in dispatch.hpp). A host tunes once, saves, and builds its policy from the
+/// file at start-up; a file made for another artifact or machine is refused by name:
+/// @code
+/// const auto artifact = neml2::read_artifact(neml2::resolve_artifact_root(stub, "model"));
+/// if (!std::filesystem::exists("model.tune.json"))
+///   neml2::write_tune_file("model.tune.json",
+///                          neml2::tune(artifact, {"cpu", "cuda:0"}, neml2::TuneOptions{}));
+/// auto model = neml2::DispatchedModel<neml2::GreedyPriorityCapacity>(
+///     std::make_shared<const neml2::Artifact>(artifact),
+///     neml2::tuned_policy<neml2::GreedyPriorityCapacity>("model.tune.json", artifact));
+/// @endcode
+/// The sweep's decisions are plain code over measurements (Sweep, knee, recommend), so
+/// they are tested on synthetic timings; tune() feeds them real ones.
+/// @see docs/tuning.md
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/ScalarType.h>
+
+#include <neml2/artifact.hpp>
+#include <neml2/device.hpp>
+#include <neml2/policies/greedy_priority_capacity.hpp>
+#include <neml2/policies/sync_chunking.hpp>
+
+namespace neml2 {
+
+// ---------------------------------------------------------------------------- the sweep
+
+/// What one measurement of a size gave: the wall seconds of each timed repeat (after
+/// warm-up), each evaluating `rows_per_call` rows (0: the size itself), the seconds the
+/// measurement took in all (warm-up included; 0: the repeats' sum), or that it did not fit
+/// in the device's memory.
+struct Timing {
+  std::vector<double> seconds = {};
+  double elapsed = 0;
+  bool out_of_memory = false;
+  std::int64_t rows_per_call = 0;
+};
+
+/// One size of the table: rows per second over the repeats (median, lowest, highest).
+struct TunePoint {
+  std::int64_t rows = 0;
+  double median = 0, low = 0, high = 0; ///< rows per second
+  int repeats = 0;
+  bool out_of_memory = false;
+  [[nodiscard]] bool measured() const noexcept { return !out_of_memory && repeats > 0; }
+};
+
+/// How a sweep grows, refines and stops.
+struct SweepOptions {
+  std::int64_t min_rows = 1;
+  std::int64_t max_rows = std::int64_t{1} << 22; ///< the cap (also lowered to what fits)
+  /// A size counts as better when its median beats the best so far by this fraction.
+  double improvement = 0.03;
+  /// Doubling stops after this many sizes in a row that were not better (a single dip
+  /// does not stop it).
+  int patience = 2;
+  /// Rounds of refinement: the geometric midpoints between the best size and its measured
+  /// neighbours, then again around the new best.
+  int refine_rounds = 2;
+  /// The sweep measures nothing more once its measurements took this long in all.
+  double budget_seconds = 30;
+  /// Sizes measured once doubling stops, whether or not it reached them (tune() adds its
+  /// batch_rows: the whole call unchunked, which a curve with a far second rise can win).
+  std::vector<std::int64_t> also = {};
+};
+
+/// Why a sweep ended.
+enum class SweepStop { finished, budget, out_of_memory_wall, cap };
+
+[[nodiscard]] std::string to_string(SweepStop stop);
+
+/// @brief The sweep's decisions, without a clock: ask next() for a size, measure it, give
+/// the Timing to record(); repeat until next() is empty.
+///
+/// Sizes double from min_rows until `patience` sizes in a row were not better, a size did
+/// not fit (the out-of-memory wall: nothing at or above it is tried again), or max_rows;
+/// then refinement measures the geometric midpoints between the best size and its
+/// neighbours. Nothing is measured once the budget is spent.
+class Sweep {
+public:
+  explicit Sweep(SweepOptions options = {});
+
+  [[nodiscard]] std::optional<std::int64_t> next();
+  void record(std::int64_t rows, const Timing& timing);
+
+  /// The points measured so far, by size.
+  [[nodiscard]] const std::vector<TunePoint>& points() const noexcept { return _points; }
+  [[nodiscard]] SweepStop stop() const noexcept { return _stop; }
+  /// Seconds the measurements took so far.
+  [[nodiscard]] double spent() const noexcept { return _spent; }
+  [[nodiscard]] const SweepOptions& options() const noexcept { return _options; }
+
+private:
+  [[nodiscard]] std::optional<std::int64_t> next_refinement();
+  [[nodiscard]] const TunePoint* best() const;
+  [[nodiscard]] bool known(std::int64_t rows) const;
+
+  SweepOptions _options;
+  std::vector<TunePoint> _points;
+  std::optional<std::int64_t> _pending;
+  std::int64_t _next_growth;
+  std::optional<std::int64_t> _wall; // the smallest size that did not fit
+  int _not_better = 0;
+  double _best_growth = 0;
+  bool _growing = true;
+  int _round = 0;
+  std::vector<std::int64_t> _queue; // midpoints of the current refinement round
+  double _spent = 0;
+  SweepStop _stop = SweepStop::finished;
+};
+
+/// The point of a Timing (rows per second from each repeat's seconds).
+[[nodiscard]] TunePoint summarize(std::int64_t rows, const Timing& timing);
+
+/// Runs a sweep with `measure`; `on_point` (optional) sees each point as it is measured.
+[[nodiscard]] Sweep
+run_sweep(const std::function<Timing(std::int64_t rows)>& measure, SweepOptions options = {},
+          const std::function<void(const TunePoint&, const Sweep&)>& on_point = {});
+
+// ---------------------------------------------------------------------------- the table
+
+/// One device's curve: its points by size, and what the machine key holds for it.
+struct DeviceCurve {
+  Device device = {};
+  std::string device_name = {};   ///< the CPU's model name or the GPU's name
+  std::string artifact_hash = {}; ///< of metadata.json and the graphs of this device's leaf
+  std::vector<TunePoint> points = {};
+  SweepStop stop = SweepStop::finished;
+  /// Chunks in flight that the overlap test found best (1 where the device cannot overlap).
+  int overlap_chunks = 1;
+
+  /// The measured point of highest median throughput (a FatalError when none was measured).
+  [[nodiscard]] const TunePoint& best() const;
+  /// The smallest measured size whose median reaches `fraction` of the best median: past
+  /// it, larger chunks buy little, and smaller chunks balance a pool better.
+  [[nodiscard]] const TunePoint& knee(double fraction = 0.9) const;
+};
+
+/// What a tuning result depends on, beside each device's own key (DeviceCurve).
+struct MachineKey {
+  std::string torch_version = {};
+  int intra_op_threads = 0;
+  std::string host_cpu = {};
+  std::string dtype = {}; ///< "float64", as the artifact folders are named
+};
+
+/// A whole tuning result: what a tune file holds.
+struct TuneResult {
+  std::string model = {};            ///< for people: the model it was tuned on
+  std::string operation = "forward"; ///< forward, jacobian or param_jacobian
+  MachineKey machine = {};
+  std::vector<DeviceCurve> devices = {};
+};
+
+// --------------------------------------------------------------------- recommendations
+
+/// MPIRankAssign's configuration without MPI: pass them as `MPIRankAssign::Config`.
+struct MPIRankAssignSettings {
+  std::vector<Device> devices = {};
+  std::vector<std::int64_t> batch_sizes = {};
+};
+
+/// Policies recommended from a table: SyncChunking per device at its best size; one
+/// GreedyPriorityCapacity over all devices at their knees, priorities from their best
+/// throughput, capacities from their overlap tests; MPIRankAssign at the best sizes.
+struct Recommendations {
+  std::vector<SyncChunking> sync = {}; ///< in the table's device order
+  std::size_t fastest = 0;             ///< the device of highest best throughput
+  GreedyPriorityCapacity pool = {};
+  MPIRankAssignSettings mpi = {};
+};
+
+[[nodiscard]] Recommendations recommend(const TuneResult& result, double knee_fraction = 0.9);
+
+/// Each as C++ to paste, and as JSON.
+[[nodiscard]] std::string to_cpp(const SyncChunking& policy);
+[[nodiscard]] std::string to_cpp(const GreedyPriorityCapacity& policy);
+[[nodiscard]] std::string to_cpp(const MPIRankAssignSettings& settings);
+[[nodiscard]] std::string to_cpp(const Recommendations& recommendations);
+[[nodiscard]] std::string to_json(const SyncChunking& policy);
+[[nodiscard]] std::string to_json(const GreedyPriorityCapacity& policy);
+[[nodiscard]] std::string to_json(const MPIRankAssignSettings& settings);
+[[nodiscard]] std::string to_json(const Recommendations& recommendations);
+
+/// The table as aligned text: one row per size and device.
+[[nodiscard]] std::string format_table(const TuneResult& result);
+
+// ---------------------------------------------------------------------------- the file
+
+/// The tune file's JSON text and back. A malformed file is a FatalError naming the field.
+[[nodiscard]] std::string tune_file_text(const TuneResult& result);
+[[nodiscard]] TuneResult parse_tune_file(const std::string& text, const std::string& where);
+void write_tune_file(const std::filesystem::path& file, const TuneResult& result);
+[[nodiscard]] TuneResult read_tune_file(const std::filesystem::path& file);
+
+/// This process's key: torch version, intra-op threads, host CPU, `dtype`.
+[[nodiscard]] MachineKey current_machine(c10::ScalarType dtype);
+/// The CPU's model name, or the accelerator's name (a FatalError for a device that this
+/// process cannot use).
+[[nodiscard]] std::string device_name(const Device& device);
+/// A hash of metadata.json and the graph files of the artifact's leaf for device/dtype.
+[[nodiscard]] std::string artifact_hash(const Artifact& artifact, const Device& device,
+                                        c10::ScalarType dtype);
+
+/// Checks that `result` was made for `artifact`, this machine and `dtype`: a FatalError
+/// names the first key that differs, both values, and the command that re-tunes.
+void check_tune_matches(const TuneResult& result, const Artifact& artifact, c10::ScalarType dtype,
+                        const std::filesystem::path& file = {});
+
+/// read_tune_file + check_tune_matches.
+[[nodiscard]] TuneResult load_tuning(const std::filesystem::path& file, const Artifact& artifact,
+                                     c10::ScalarType dtype = c10::kDouble);
+
+/// @brief A policy built from a checked tune file: SyncChunking (the fastest device at its
+/// best size), GreedyPriorityCapacity (every device tuned), or any type constructible from
+/// MPIRankAssignSettings' fields as `P::Config{.devices, .batch_sizes}` (MPIRankAssign).
+template <class P>
+P tuned_policy(const std::filesystem::path& file, const Artifact& artifact,
+               c10::ScalarType dtype = c10::kDouble) {
+  const auto recommended = recommend(load_tuning(file, artifact, dtype));
+  if constexpr (std::is_same_v<P, GreedyPriorityCapacity>)
+    return recommended.pool;
+  else if constexpr (std::is_same_v<P, SyncChunking>)
+    return recommended.sync.at(recommended.fastest);
+  else {
+    typename P::Config config;
+    config.devices = recommended.mpi.devices;
+    config.batch_sizes = recommended.mpi.batch_sizes;
+    return P(config);
+  }
+}
+
+// ------------------------------------------------------------- measuring a real model
+
+/// Inputs for measurement: the caller's sample (tiled to each size), or generated values,
+/// uniform in a range per input. Defaults keep the repository's implicit models
+/// convergent: old-state inputs (`name~1`) are 0, the rest uniform in [low, high].
+struct TuneInputs {
+  std::map<std::string, at::Tensor> sample = {}; ///< (n, *base) per input; empty: generated
+  std::map<std::string, std::pair<double, double>> ranges = {}; ///< per input (public name)
+  double low = 1e-4, high = 1e-3;
+  std::uint64_t seed = 0;
+};
+
+/// What tune() measures and how.
+struct TuneOptions {
+  SweepOptions sweep = {};
+  std::string operation = "forward"; ///< forward, jacobian or param_jacobian
+  c10::ScalarType dtype = c10::kDouble;
+  int warmup = 1;
+  int repeats = 3;
+  /// The rows of the calls your host makes: each size is timed as the chunk size of one
+  /// call of max(batch_rows, size) rows, so that what a chunk costs beside its graphs
+  /// (slicing, gathering results, fresh memory) counts as in the run. One hot call of a
+  /// size alone overstates it: elasticity at 4096 rows measured 2.8e8 rows/s alone, 1.3e7
+  /// as chunks of a 2^20-row call (docs/tuning.md).
+  std::int64_t batch_rows = std::int64_t{1} << 16;
+  /// Sizes start at batch_rows / max_chunks (or sweep.min_rows, if larger): smaller chunks
+  /// would make each measurement many calls long.
+  std::int64_t max_chunks = 1024;
+  TuneInputs inputs = {};
+  /// Test chunks in flight 1, 2, 4 on accelerators (capacities of the pool).
+  bool overlap_test = true;
+  /// Called after each point (device index, point, the device's sweep).
+  std::function<void(std::size_t, const TunePoint&, const Sweep&)> on_point = {};
+};
+
+/// Times `call`: `warmup` calls, then `repeats` timed ones, each waiting for the device's
+/// queued work. A failure that says the device ran out of memory gives
+/// Timing::out_of_memory; others propagate.
+[[nodiscard]] Timing measure_calls(const std::function<void()>& call, const Device& device,
+                                   int warmup, int repeats);
+
+/// Calls `operation` (forward, jacobian or param_jacobian) of a model on `inputs`, the
+/// results dropped: what tune() and `neml2-dispatch run` time.
+template <class Model>
+void call_operation(const Model& model, const std::string& operation,
+                    const std::map<std::string, at::Tensor>& inputs) {
+  if (operation == "forward")
+    (void)model.forward(inputs);
+  else if (operation == "jacobian")
+    (void)model.jacobian(inputs);
+  else if (operation == "param_jacobian")
+    (void)model.param_jacobian(inputs);
+  else
+    throw FatalError("operation '" + operation +
+                     "' is not one tune() measures; use forward, jacobian or param_jacobian");
+}
+
+/// The fewest chunks in flight whose throughput is within `improvement` of the best of
+/// an overlap test: (chunks in flight, rows per second) pairs. 1 when none is given.
+[[nodiscard]] int choose_overlap_chunks(const std::vector<std::pair<int, double>>& measured,
+                                        double improvement = 0.03);
+
+/// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch).
+[[nodiscard]] TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
+                              const TuneOptions& options = {}, const std::string& model = {});
+
+/// The inputs tune() would measure `rows` rows with, on `device`.
+[[nodiscard]] std::map<std::string, at::Tensor> tune_inputs(const Artifact& artifact,
+                                                            const TuneInputs& inputs,
+                                                            std::int64_t rows, const Device& device,
+                                                            c10::ScalarType dtype);
+
+} // namespace neml2
