@@ -53,6 +53,12 @@ class PreparedCall;
 ///                                neml2::SyncChunking{.device = "cpu", .batch_size = 16384});
 /// auto out = model.forward({{"strain", strain}});
 /// @endcode
+///
+/// Thread safety: any number of threads may call the evaluation functions (and their
+/// `*_into` forms) on one model at once; each call gets its own results. Configuration
+/// (`set_parameter`, writes through `named_parameters()`, `set_solver_config`,
+/// `set_observer`) must not overlap a call or another configuration. See
+/// docs/thread-safety.md.
 /// @see SyncChunking, GreedyPriorityCapacity, load_model
 template <class Policy>
 class DispatchedModel {
@@ -61,6 +67,8 @@ class DispatchedModel {
   using clock = std::chrono::steady_clock;
 
 public:
+  /// Loads one session of `artifact` per device `policy` lists, in `dtype`; the policy is
+  /// validated first (its `validate()`, when it has one). Throws FatalError.
   DispatchedModel(std::shared_ptr<const Artifact> artifact, Policy policy,
                   c10::ScalarType dtype = c10::kDouble)
       : _policy(validated(std::move(policy)))
@@ -82,21 +90,25 @@ public:
 
   /// @name Evaluation (see Session for the shapes).
   ///@{
+  /// The outputs by name.
   [[nodiscard]] TensorMap forward(const TensorMap& inputs) const {
     return named([&] {
       return Access::forward_result(session(), dispatch(Operation::forward, inputs, {}));
     });
   }
+  /// {outputs, d(outputs)} along `tangents` (missing = 0).
   [[nodiscard]] std::pair<TensorMap, TensorMap> jvp(const TensorMap& inputs,
                                                     const TensorMap& tangents) const {
     return named(
         [&] { return Access::jvp_result(session(), dispatch(Operation::jvp, inputs, tangents)); });
   }
+  /// {outputs, J}, `J[out][in]` of shape `(B, *out_base, *in_base)`.
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian> jacobian(const TensorMap& inputs) const {
     return named([&] {
       return Access::jacobian_result(session(), dispatch(Operation::jacobian, inputs, {}));
     });
   }
+  /// {outputs, P}, `P[out][parameter]` of shape `(B, *out_base, *param_base)`.
   [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
   param_jacobian(const TensorMap& inputs) const {
     return named([&] {
@@ -104,6 +116,8 @@ public:
                                            dispatch(Operation::param_jacobian, inputs, {}));
     });
   }
+  /// dL/d(parameter) for L = sum of <cotangent, output>, summed over the batch (per row
+  /// for a batched parameter).
   [[nodiscard]] TensorMap param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
     return Access::param_vjp_result(session(), dispatch(Operation::param_vjp, inputs, cotangents));
   }
@@ -120,21 +134,26 @@ public:
   /// model.forward_into({{"strain", strain}}, {{"stress", stress}});
   /// @endcode
   ///@{
+  /// forward(), into `outputs`.
   void forward_into(const TensorMap& inputs, const TensorMap& outputs) const {
     into(Operation::forward, inputs, {}, outputs, {}, {});
   }
+  /// jvp(), into `outputs` and `output_tangents`.
   void jvp_into(const TensorMap& inputs, const TensorMap& tangents, const TensorMap& outputs,
                 const TensorMap& output_tangents) const {
     into(Operation::jvp, inputs, tangents, outputs, output_tangents, {});
   }
+  /// jacobian(), into `outputs` and the blocks `J`.
   void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
                      const VariablePairJacobian& J) const {
     into(Operation::jacobian, inputs, {}, outputs, {}, J);
   }
+  /// param_jacobian(), into `outputs` and the blocks `P`.
   void param_jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
                            const VariablePairJacobian& P) const {
     into(Operation::param_jacobian, inputs, {}, outputs, {}, P);
   }
+  /// param_vjp(), into `gradients`.
   void param_vjp_into(const TensorMap& inputs, const TensorMap& cotangents,
                       const TensorMap& gradients) const {
     into(Operation::param_vjp, inputs, cotangents, gradients, {}, {});
@@ -154,10 +173,13 @@ public:
 
   /// @name Promoted parameters: one master map, used by every device's chunks.
   ///@{
+  /// The master parameters by public name; an in-place change is seen by the next call.
   [[nodiscard]] TensorMap& named_parameters() noexcept { return session().named_parameters(); }
+  /// The master parameters by public name.
   [[nodiscard]] const TensorMap& named_parameters() const noexcept {
     return session().named_parameters();
   }
+  /// Replaces parameter `name` (its base shape, or batched); a FatalError names a wrong one.
   void set_parameter(const std::string& name, const at::Tensor& value) {
     session().set_parameter(name, value);
   }
@@ -192,7 +214,9 @@ public:
   /// @name Newton settings of an implicit model (see Session::solver_config); a change
   /// reaches every device's session. Not while calls are running.
   ///@{
+  /// The Newton settings in force.
   [[nodiscard]] const SolverConfig& solver_config() const { return session().solver_config(); }
+  /// Replaces them on every device's session (checked first).
   void set_solver_config(const SolverConfig& config) {
     for (auto& s : _sessions)
       s.set_solver_config(config);

@@ -36,6 +36,10 @@ using VariablePairJacobian = std::map<std::string, TensorMap>;
 ///                  "cpu");
 /// auto out = s.forward({{"strain", at::zeros({8, 6}, at::kDouble)}});
 /// @endcode
+///
+/// Thread safety: const use from several threads runs the graphs concurrently up to the
+/// session's `concurrency`, blocking beyond; `set_parameter`, writes through
+/// `named_parameters()` and `set_solver_config` must not overlap a call.
 /// @see DispatchedModel, which chunks a batch over sessions.
 class Session {
 public:
@@ -44,7 +48,9 @@ public:
   Session(std::shared_ptr<const Artifact> artifact, const Device& device,
           c10::ScalarType dtype = c10::kDouble, std::size_t concurrency = 1);
   ~Session();
+  /// Moves the loaded graphs; the moved-from session may only be destroyed or assigned.
   Session(Session&&) noexcept;
+  /// Moves the loaded graphs (see the move constructor).
   Session& operator=(Session&&) noexcept;
   Session(const Session&) = delete;
   Session& operator=(const Session&) = delete;
@@ -69,27 +75,40 @@ public:
   /// A value is `(*param_base)` or batched `(B, *param_base)`; in-place changes are seen
   /// by the next call.
   ///@{
+  /// The parameters by public name, for reading or changing in place.
   [[nodiscard]] TensorMap& named_parameters() noexcept;
+  /// The parameters by public name.
   [[nodiscard]] const TensorMap& named_parameters() const noexcept;
+  /// Replaces parameter `name`, checked against its base shape, dtype and device.
   void set_parameter(const std::string& name, const at::Tensor& value);
   ///@}
 
   /// @name The Newton settings of an implicit model (metadata.json `solver_config`).
   /// A FatalError for a model without an implicit segment. Not while calls are running.
   ///@{
+  /// The settings in force.
   [[nodiscard]] const SolverConfig& solver_config() const;
+  /// Replaces them, checked first (a FatalError names a bad field).
   void set_solver_config(const SolverConfig& config);
   ///@}
 
   /// @name What the artifact declares (public names, master order).
   ///@{
+  /// The artifact this session loaded.
   [[nodiscard]] const Artifact& artifact() const noexcept;
+  /// The inputs' public names, in master order.
   [[nodiscard]] const std::vector<std::string>& input_names() const noexcept;
+  /// The outputs' public names, in master order.
   [[nodiscard]] const std::vector<std::string>& output_names() const noexcept;
+  /// Each input's base shape (without the batch axis), as input_names().
   [[nodiscard]] const std::vector<Shape>& input_base_shapes() const noexcept;
+  /// Each output's base shape, as output_names().
   [[nodiscard]] const std::vector<Shape>& output_base_shapes() const noexcept;
+  /// Each promoted parameter's base shape, by public name.
   [[nodiscard]] const std::map<std::string, Shape>& parameter_base_shapes() const noexcept;
+  /// The device the graphs run on, resolved (a bare `cuda` pinned to an index).
   [[nodiscard]] const Device& device() const noexcept;
+  /// The dtype the graphs compute in.
   [[nodiscard]] c10::ScalarType dtype() const noexcept;
   ///@}
 
