@@ -1,11 +1,8 @@
 // Artifacts compiled for a fixed batch ([Settings] dynamic_batch = false, example batch 2):
 // any batch in chunks of 2 when rows are interchangeable; only batches of 2 when a per-row
 // tensor is baked into the graphs.
-//
-// Both load through their artifact root: the per-row model's stub repeats its [Tensors]
-// section (a triple-quoted multi-line expr), which the stub parser reads once the
-// `package` work (issue 14) lands; test "a per-row tensor baked in" should then also load
-// test::stub("elasticity_fixed_batch", "elasticity").
+// The per-row model also loads through its stub, which repeats its [Tensors] section (a
+// triple-quoted multi-line expr) and its [Settings].
 
 #include "../src/graph.hpp" // what the graph says about its batch
 #include "model_checks.hpp"
@@ -87,4 +84,9 @@ TEST_CASE("a per-row tensor baked in: batches of 2 match eager NEML2, others are
   }
   // Batch 0 never reaches a graph.
   CHECK(s.forward({{"strain", at::zeros({0, 6}, at::kDouble)}}).at("stress").size(0) == 0);
+  // The stub neml2-compile wrote ([Tensors] with a triple-quoted expr, [Settings]) loads,
+  // its one model found without a name, to the same results.
+  const auto from_stub = load_model(test::stub("elasticity_fixed_batch", "elasticity"));
+  test::check_close(from_stub.forward({{"strain", strain}}).at("stress"), ref["b2/out/stress"],
+                    "stress through the stub");
 }

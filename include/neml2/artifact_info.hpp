@@ -23,10 +23,13 @@ namespace neml2 {
 
 /// One segment, summarized: "forward" (its graphs) or "implicit" (its Newton solve).
 struct SegmentInfo {
-  std::string kind = {};
-  std::vector<std::string> inputs = {},
-                           outputs = {}; ///< forward: its inputs/outputs; implicit: givens/unknowns
-  std::vector<std::string> graphs = {};  ///< the graph files it names
+  std::string kind = {}; ///< "forward" or "implicit"
+  /// @var inputs
+  /// Forward: the names of its inputs; implicit: of its givens.
+  /// @var outputs
+  /// Forward: the names of its outputs; implicit: of its unknowns.
+  std::vector<std::string> inputs = {}, outputs = {};
+  std::vector<std::string> graphs = {};    ///< the graph files it names
   std::vector<std::string> residuals = {}; ///< implicit only
   std::int64_t max_substepping_level = 0;  ///< implicit only
   bool predictor = false;                  ///< implicit only: an initial-guess graph
@@ -34,22 +37,34 @@ struct SegmentInfo {
 
 /// One `<device>/<dtype>/` folder present under the root.
 struct LeafInfo {
+  /// @var device
+  /// The device family's folder: "cpu", "cuda", "xpu", "hip" or "mps".
+  /// @var dtype
+  /// The dtype's folder, e.g. "float64".
   std::string device = {}, dtype = {};
   std::size_t graphs = 0; ///< `.pt2` files in it
 };
 
 /// @brief What an artifact offers (see artifact_info()).
 struct ArtifactInfo {
-  std::filesystem::path root = {};
-  int schema_version = 0;
+  std::filesystem::path root = {}; ///< the folder holding metadata.json
+  int schema_version = 0;          ///< metadata.json's `schema_version`
+  /// @var inputs
+  /// The model's structural inputs, in the graphs' order.
+  /// @var outputs
+  /// The model's structural outputs, in the graphs' order.
   std::vector<VariableSpec> inputs = {}, outputs = {};
-  std::vector<ParameterSpec> parameters = {};
+  std::vector<ParameterSpec> parameters = {}; ///< the promoted parameters (`-p`)
   /// forward, jvp, jacobian, param_jacobian, param_vjp: whether its graphs are present.
   std::vector<std::pair<std::string, bool>> operations = {};
+  /// @var derivatives
+  /// The (output, input) pairs the model's Jacobian has (internal names).
+  /// @var parameter_derivatives
+  /// The (output, parameter) pairs of the parameter Jacobian.
   std::vector<std::pair<std::string, std::string>> derivatives = {}, parameter_derivatives = {};
-  std::vector<SegmentInfo> segments = {};
-  std::optional<SolverConfig> solver_config = {};
-  std::vector<LeafInfo> leaves = {};
+  std::vector<SegmentInfo> segments = {};         ///< the model's steps, in order
+  std::optional<SolverConfig> solver_config = {}; ///< present with an implicit segment
+  std::vector<LeafInfo> leaves = {};              ///< sorted by device, then dtype
 
   /// True when `operation` (as named in `operations`) can run.
   [[nodiscard]] bool can(const std::string& operation) const;

@@ -44,13 +44,16 @@ public:
   ThroughputCurve() = default;
   /// (rows, rows per second) pairs, by increasing rows, every rate > 0.
   explicit ThroughputCurve(std::vector<std::pair<std::int64_t, double>> points);
+  /// A flat curve: `rows_per_second` at every size.
   [[nodiscard]] static ThroughputCurve constant(double rows_per_second);
   /// The measured points of a tuned device's curve (medians).
   [[nodiscard]] static ThroughputCurve from(const DeviceCurve& curve);
 
+  /// The rate, in rows per second, of chunks of `rows` rows (a FatalError for an empty curve).
   [[nodiscard]] double rows_per_second(std::int64_t rows) const;
   /// The highest rate of the curve.
   [[nodiscard]] double peak() const;
+  /// The (rows, rows per second) pairs it interpolates, by increasing rows.
   [[nodiscard]] const std::vector<std::pair<std::int64_t, double>>& points() const noexcept {
     return _points;
   }
@@ -61,28 +64,47 @@ private:
 
 /// One device of a simulated node.
 struct SimulatedDevice {
-  ThroughputCurve curve = {};
+  ThroughputCurve curve = {};          ///< its compute rate against rows per chunk
   double chunk_overhead = 0;           ///< seconds per chunk (launch, dispatch)
   double transfer_seconds_per_row = 0; ///< copying a row's inputs and results
 };
 
 /// One chunk on the virtual clock.
 struct SimulatedChunk {
+  /// @var call
+  /// The call it is part of, from 0.
+  /// @var index
+  /// Its place in its call's dispatch order, from 0.
+  /// @var device
+  /// Its device, as an index into the policy's devices() and the simulated devices.
   std::size_t call = 0, index = 0, device = 0;
+  /// @var first
+  /// The first row of the call's batch that it takes.
+  /// @var rows
+  /// The rows it takes.
   std::int64_t first = 0, rows = 0;
-  double dispatched = 0, start = 0, compute_start = 0, end = 0; ///< seconds
+  /// @var dispatched
+  /// When the policy dispatched it, in seconds on the virtual clock.
+  /// @var start
+  /// When it took a free lane of its device and began copying its rows, in seconds.
+  /// @var compute_start
+  /// When it began computing (its rows copied, the device's previous chunk done), in seconds.
+  /// @var end
+  /// When it completed, in seconds on the virtual clock.
+  double dispatched = 0, start = 0, compute_start = 0, end = 0;
 };
 
 /// What a simulation found.
 struct Simulation {
-  std::int64_t batch = 0;
-  std::size_t calls = 1;
+  std::int64_t batch = 0;        ///< rows per call
+  std::size_t calls = 1;         ///< calls simulated, one after another
   double makespan = 0;           ///< from the first call to the end of the last
   double ideal = 0;              ///< every row at the sum of the devices' peak rates, no overhead
   std::vector<double> busy = {}; ///< per device: seconds computing (overhead included)
   std::vector<double> idle = {}; ///< per device: makespan - busy
-  std::vector<double> call_ends = {};
-  std::vector<SimulatedChunk> timeline = {};
+  std::vector<double> call_ends = {};        ///< per call: when its last chunk completed
+  std::vector<SimulatedChunk> timeline = {}; ///< every chunk of every call, in dispatch order
+  /// ideal / makespan: 1 when the devices ran at their peak rates throughout (1 for no work).
   [[nodiscard]] double efficiency() const { return makespan > 0 ? ideal / makespan : 1; }
 };
 

@@ -42,29 +42,33 @@ namespace neml2 {
 
 // ---------------------------------------------------------------------------- the sweep
 
-/// What one measurement of a size gave: the wall seconds of each timed repeat (after
-/// warm-up), each evaluating `rows_per_call` rows (0: the size itself), the seconds the
-/// measurement took in all (warm-up included; 0: the repeats' sum), or that it did not fit
-/// in the device's memory.
+/// What one measurement of a size gave (what a sweep's record() takes).
 struct Timing {
-  std::vector<double> seconds = {};
-  double elapsed = 0;
-  bool out_of_memory = false;
-  std::int64_t rows_per_call = 0;
+  std::vector<double> seconds = {}; ///< wall seconds of each timed repeat, after warm-up
+  double elapsed = 0;               ///< seconds in all, warm-up included (0: the repeats' sum)
+  bool out_of_memory = false;       ///< the size did not fit in the device's memory
+  std::int64_t rows_per_call = 0;   ///< rows each repeat evaluated (0: the size itself)
 };
 
 /// One size of the table: rows per second over the repeats (median, lowest, highest).
 struct TunePoint {
-  std::int64_t rows = 0;
-  double median = 0, low = 0, high = 0; ///< rows per second
-  int repeats = 0;
-  bool out_of_memory = false;
+  std::int64_t rows = 0; ///< the size measured (in tune(): rows per chunk)
+  /// @var median
+  /// The median of the repeats' rates, in rows per second.
+  /// @var low
+  /// The lowest of the repeats' rates, in rows per second.
+  /// @var high
+  /// The highest of the repeats' rates, in rows per second.
+  double median = 0, low = 0, high = 0;
+  int repeats = 0;            ///< timed repeats the rates are over (0 when out of memory)
+  bool out_of_memory = false; ///< the size did not fit in the device's memory
+  /// True when it holds rates: the size fit and was timed at least once.
   [[nodiscard]] bool measured() const noexcept { return !out_of_memory && repeats > 0; }
 };
 
 /// How a sweep grows, refines and stops.
 struct SweepOptions {
-  std::int64_t min_rows = 1;
+  std::int64_t min_rows = 1;                     ///< the first size: doubling starts there
   std::int64_t max_rows = std::int64_t{1} << 22; ///< the cap (also lowered to what fits)
   /// A size counts as better when its median beats the best so far by this fraction.
   double improvement = 0.03;
@@ -81,9 +85,12 @@ struct SweepOptions {
   std::vector<std::int64_t> also = {};
 };
 
-/// Why a sweep ended.
+/// Why a sweep ended: `finished` (doubling stopped for lack of improvement, refinement
+/// done), `budget` (spent with sizes still to measure), `out_of_memory_wall` (a doubled
+/// size did not fit) or `cap` (doubling reached max_rows).
 enum class SweepStop { finished, budget, out_of_memory_wall, cap };
 
+/// The stop's name, as the tune file writes it: "finished", "budget", ...
 [[nodiscard]] std::string to_string(SweepStop stop);
 
 /// @brief The sweep's decisions, without a clock: ask next() for a size, measure it, give
@@ -95,16 +102,23 @@ enum class SweepStop { finished, budget, out_of_memory_wall, cap };
 /// neighbours. Nothing is measured once the budget is spent.
 class Sweep {
 public:
+  /// A sweep that follows `options` (a FatalError names a field out of range).
   explicit Sweep(SweepOptions options = {});
 
+  /// The size to measure next (the same one until it is recorded); empty once the sweep
+  /// is over.
   [[nodiscard]] std::optional<std::int64_t> next();
+  /// Records the measurement of `rows`: its point (replacing one of that size), its
+  /// seconds against the budget, and what it means for doubling.
   void record(std::int64_t rows, const Timing& timing);
 
   /// The points measured so far, by size.
   [[nodiscard]] const std::vector<TunePoint>& points() const noexcept { return _points; }
+  /// Why the sweep ended (final once next() is empty).
   [[nodiscard]] SweepStop stop() const noexcept { return _stop; }
   /// Seconds the measurements took so far.
   [[nodiscard]] double spent() const noexcept { return _spent; }
+  /// The options the sweep follows.
   [[nodiscard]] const SweepOptions& options() const noexcept { return _options; }
 
 private:
@@ -138,11 +152,11 @@ run_sweep(const std::function<Timing(std::int64_t rows)>& measure, SweepOptions 
 
 /// One device's curve: its points by size, and what the machine key holds for it.
 struct DeviceCurve {
-  Device device = {};
-  std::string device_name = {};   ///< the CPU's model name or the GPU's name
-  std::string artifact_hash = {}; ///< of metadata.json and the graphs of this device's leaf
-  std::vector<TunePoint> points = {};
-  SweepStop stop = SweepStop::finished;
+  Device device = {};                   ///< the device the sizes were measured on
+  std::string device_name = {};         ///< the CPU's model name or the GPU's name
+  std::string artifact_hash = {};       ///< of metadata.json and the graphs of this device's leaf
+  std::vector<TunePoint> points = {};   ///< by increasing rows, sizes that did not fit included
+  SweepStop stop = SweepStop::finished; ///< why the device's sweep ended
   /// Chunks in flight that the overlap test found best (1 where the device cannot overlap).
   int overlap_chunks = 1;
 
@@ -155,26 +169,26 @@ struct DeviceCurve {
 
 /// What a tuning result depends on, beside each device's own key (DeviceCurve).
 struct MachineKey {
-  std::string torch_version = {};
-  int intra_op_threads = 0;
-  std::string host_cpu = {};
-  std::string dtype = {}; ///< "float64", as the artifact folders are named
+  std::string torch_version = {}; ///< the torch the library was built against
+  int intra_op_threads = 0;       ///< at::get_num_threads() when tuned
+  std::string host_cpu = {};      ///< the host CPU's model name, from /proc/cpuinfo
+  std::string dtype = {};         ///< "float64", as the artifact folders are named
 };
 
 /// A whole tuning result: what a tune file holds.
 struct TuneResult {
-  std::string model = {};            ///< for people: the model it was tuned on
-  std::string operation = "forward"; ///< forward, jacobian or param_jacobian
-  MachineKey machine = {};
-  std::vector<DeviceCurve> devices = {};
+  std::string model = {};                ///< for people: the model it was tuned on
+  std::string operation = "forward";     ///< forward, jacobian or param_jacobian
+  MachineKey machine = {};               ///< the key of the process that tuned
+  std::vector<DeviceCurve> devices = {}; ///< one curve per device, in the order tuned
 };
 
 // --------------------------------------------------------------------- recommendations
 
 /// MPIRankAssign's configuration without MPI: pass them as `MPIRankAssign::Config`.
 struct MPIRankAssignSettings {
-  std::vector<Device> devices = {};
-  std::vector<std::int64_t> batch_sizes = {};
+  std::vector<Device> devices = {};           ///< every device tuned, in the table's order
+  std::vector<std::int64_t> batch_sizes = {}; ///< rows per chunk: each device's best size
 };
 
 /// Policies recommended from a table: SyncChunking per device at its best size; one
@@ -183,20 +197,29 @@ struct MPIRankAssignSettings {
 struct Recommendations {
   std::vector<SyncChunking> sync = {}; ///< in the table's device order
   std::size_t fastest = 0;             ///< the device of highest best throughput
-  GreedyPriorityCapacity pool = {};
-  MPIRankAssignSettings mpi = {};
+  GreedyPriorityCapacity pool = {};    ///< every device at once, chunks at their knees
+  MPIRankAssignSettings mpi = {};      ///< one device per MPI rank, at its best size
 };
 
+/// The policies `result` recommends, knees at `knee_fraction` of each best median
+/// (DeviceCurve::knee). A FatalError when it lists no device or one has no measured size.
 [[nodiscard]] Recommendations recommend(const TuneResult& result, double knee_fraction = 0.9);
 
-/// Each as C++ to paste, and as JSON.
+/// `policy` as a C++ expression to paste: `neml2::SyncChunking{.device = ..., ...}`.
 [[nodiscard]] std::string to_cpp(const SyncChunking& policy);
+/// `policy` as a C++ expression to paste, one field per line.
 [[nodiscard]] std::string to_cpp(const GreedyPriorityCapacity& policy);
+/// `settings` as a C++ expression to paste: `neml2::MPIRankAssign({.devices = ..., ...})`.
 [[nodiscard]] std::string to_cpp(const MPIRankAssignSettings& settings);
+/// Every recommended policy as C++, each under a `//` line that says what it is for.
 [[nodiscard]] std::string to_cpp(const Recommendations& recommendations);
+/// `policy` as one line of JSON: `{"policy": "SyncChunking", "device": ..., ...}`.
 [[nodiscard]] std::string to_json(const SyncChunking& policy);
+/// `policy` as one line of JSON: `{"policy": "GreedyPriorityCapacity", ...}`.
 [[nodiscard]] std::string to_json(const GreedyPriorityCapacity& policy);
+/// `settings` as one line of JSON: `{"policy": "MPIRankAssign", ...}`.
 [[nodiscard]] std::string to_json(const MPIRankAssignSettings& settings);
+/// All of them as indented JSON: `{"sync": [...], "pool": {...}, "mpi": {...}}`.
 [[nodiscard]] std::string to_json(const Recommendations& recommendations);
 
 /// The table as aligned text: one row per size and device.
@@ -204,10 +227,14 @@ struct Recommendations {
 
 // ---------------------------------------------------------------------------- the file
 
-/// The tune file's JSON text and back. A malformed file is a FatalError naming the field.
+/// The tune file's JSON text (with the recommendations, for people: they are not read back).
 [[nodiscard]] std::string tune_file_text(const TuneResult& result);
+/// A tune file's text back; `where` names it in errors. A malformed file is a FatalError
+/// naming the field and the command that re-tunes.
 [[nodiscard]] TuneResult parse_tune_file(const std::string& text, const std::string& where);
+/// Writes tune_file_text() to `file` (a FatalError when it cannot be written).
 void write_tune_file(const std::filesystem::path& file, const TuneResult& result);
+/// Reads and parses `file`, without checking what it was made for (see load_tuning()).
 [[nodiscard]] TuneResult read_tune_file(const std::filesystem::path& file);
 
 /// This process's key: torch version, intra-op threads, host CPU, `dtype`.
@@ -255,17 +282,21 @@ P tuned_policy(const std::filesystem::path& file, const Artifact& artifact,
 struct TuneInputs {
   std::map<std::string, at::Tensor> sample = {}; ///< (n, *base) per input; empty: generated
   std::map<std::string, std::pair<double, double>> ranges = {}; ///< per input (public name)
+  /// @var low
+  /// The lower end of generated values, for inputs without a range of their own.
+  /// @var high
+  /// The upper end of generated values, for inputs without a range of their own.
   double low = 1e-4, high = 1e-3;
-  std::uint64_t seed = 0;
+  std::uint64_t seed = 0; ///< of the CPU generator that draws the values
 };
 
 /// What tune() measures and how.
 struct TuneOptions {
-  SweepOptions sweep = {};
-  std::string operation = "forward"; ///< forward, jacobian or param_jacobian
-  c10::ScalarType dtype = c10::kDouble;
-  int warmup = 1;
-  int repeats = 3;
+  SweepOptions sweep = {};              ///< each device's sweep (min_rows raised: see max_chunks)
+  std::string operation = "forward";    ///< forward, jacobian or param_jacobian
+  c10::ScalarType dtype = c10::kDouble; ///< of the graphs measured and their inputs
+  int warmup = 1;                       ///< untimed calls before each size's timed ones
+  int repeats = 3;                      ///< timed calls per size
   /// The rows of the calls your host makes: each size is timed as the chunk size of one
   /// call of max(batch_rows, size) rows, so that what a chunk costs beside its graphs
   /// (slicing, gathering results, fresh memory) counts as in the run. One hot call of a
@@ -275,7 +306,7 @@ struct TuneOptions {
   /// Sizes start at batch_rows / max_chunks (or sweep.min_rows, if larger): smaller chunks
   /// would make each measurement many calls long.
   std::int64_t max_chunks = 1024;
-  TuneInputs inputs = {};
+  TuneInputs inputs = {}; ///< the values each size is measured on
   /// Test chunks in flight 1, 2, 4 on accelerators (capacities of the pool).
   bool overlap_test = true;
   /// Called after each point (device index, point, the device's sweep).
