@@ -221,26 +221,50 @@ std::vector<at::Tensor> krylov_step(const NewtonGraphs& graphs, WorkingSet& w,
   return split(solved.x, w.u);
 }
 
-// One restart cycle of GMRES per row: the Arnoldi basis `(m + 1, rows, n)` (vector j of
-// every row contiguous, as the operators take it), the Hessenberg matrix `(rows, m + 1, m)`
-// kept upper triangular by Givens rotations (cs, sn `(rows, m)`), the rotated residual
-// estimates g `(rows, m + 1)`, the rows still extending their basis and how far each got.
+// One restart cycle of GMRES per row: the Arnoldi basis `(k + 1, rows, n)` (vector j of
+// every row contiguous, as the operators take it), the Hessenberg matrix `(rows, k + 1, k)`
+// kept upper triangular by Givens rotations (cs, sn `(rows, k)`), the rotated residual
+// estimates g `(rows, k + 1)`, the rows still extending their basis and how far each got.
+// k starts small and grows up to `restart` as steps need it: at restart 40 and many rows,
+// zeroing the full matrices costs more than the few steps a small system takes.
 struct ArnoldiCycle {
   at::Tensor basis, h, g, cs, sn, open, used;
 
   ArnoldiCycle(const at::Tensor& z, const at::Tensor& beta, const at::Tensor& running,
                std::int64_t m) {
-    const auto rows = z.size(0);
+    const auto rows = z.size(0), k = std::min<std::int64_t>(m, 8);
     const auto options = z.options();
-    basis = at::zeros({m + 1, rows, z.size(1)}, options);
+    basis = at::zeros({k + 1, rows, z.size(1)}, options);
     basis.select(0, 0).copy_(z / at::where(running, beta, 1).unsqueeze(1));
-    h = at::zeros({rows, m + 1, m}, options);
-    g = at::zeros({rows, m + 1}, options);
+    h = at::zeros({rows, k + 1, k}, options);
+    g = at::zeros({rows, k + 1}, options);
     g.select(1, 0).copy_(at::where(running, beta, 0));
-    cs = at::zeros({rows, m}, options);
-    sn = at::zeros({rows, m}, options);
+    cs = at::zeros({rows, k}, options);
+    sn = at::zeros({rows, k}, options);
     open = running.clone();
     used = at::zeros({rows}, options.dtype(at::kLong));
+  }
+
+  /// Room for Arnoldi step j (at most m steps in all).
+  void reserve(std::int64_t j, std::int64_t m) {
+    const auto k = h.size(2);
+    if (j < k)
+      return;
+    const auto grown = std::min(2 * k, m);
+    const auto larger = [](const at::Tensor& t, std::vector<std::int64_t> sizes) {
+      auto out = at::zeros(sizes, t.options());
+      auto part = out;
+      for (std::int64_t d = 0; d < t.dim(); ++d)
+        part = part.narrow(d, 0, t.size(d));
+      part.copy_(t);
+      return out;
+    };
+    const auto rows = h.size(0);
+    basis = larger(basis, {grown + 1, rows, basis.size(2)});
+    h = larger(h, {rows, grown + 1, grown});
+    g = larger(g, {rows, grown + 1});
+    cs = larger(cs, {rows, grown});
+    sn = larger(sn, {rows, grown});
   }
 };
 
@@ -422,6 +446,7 @@ KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
     std::int64_t steps = 0;
     for (; steps < m && cycle.open.any().item<bool>(); ++steps) {
       iterations = iterations + cycle.open.to(at::kLong);
+      cycle.reserve(steps, m);
       arnoldi_step(cycle, precondition(ops.apply(cycle.basis.select(0, steps))), steps, tol);
     }
     x = x + at::where(running.unsqueeze(1), cycle_step(cycle, steps), 0);
