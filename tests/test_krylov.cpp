@@ -122,6 +122,18 @@ TEST_CASE("GMRES's per-row CPU loops and its tensor operations (other devices) a
     CHECK((loops.iterations.index({~active}) == 0).all().item<bool>());
   };
   check_same("plain");
+  { // one cycle of more steps than a cycle first makes room for (8)
+    // Eigenvalues spread over 1..24: GMRES needs about one step per eigenvalue.
+    Dense big{at::diag_embed(at::arange(1, 25, at::kDouble).expand({2, 24})) +
+              0.1 * well_conditioned(2, 24, 3)};
+    const auto rhs = at::cos(at::arange(48, at::kDouble)).reshape({2, 24});
+    const auto loops = neml2::detail::gmres(big.ops(), rhs, tight());
+    const auto tensors = neml2::detail::gmres(big.ops(), rhs, tight(), {}, GmresKernel::tensors);
+    CHECK((loops.iterations > 8).all().item<bool>());
+    CHECK(at::equal(loops.iterations, tensors.iterations));
+    test::check_close(loops.x, at::linalg_solve(big.a, rhs), "x", 1e-11);
+    test::check_close(tensors.x, at::linalg_solve(big.a, rhs), "x", 1e-11);
+  }
   op.inverse = [](const at::Tensor& r) { return r * at::arange(1, 10, at::kDouble); };
   check_same("preconditioned");
   // A float32 system through the loops' float instantiation.
