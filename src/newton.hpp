@@ -43,6 +43,11 @@ struct KrylovResult {
   at::Tensor converged;  ///< `(rows,)` bool: ||M^-1 (b - A x)|| <= max(abs_tol, rel_tol ||b||)
 };
 
+/// How gmres() does its per-row Arnoldi arithmetic: `automatic` in plain loops over the rows
+/// for CPU tensors (float, double) and in tensor operations otherwise; `tensors` always in
+/// tensor operations (the path of other devices, so that tests run it on CPU too).
+enum class GmresKernel { automatic, tensors };
+
 /// @brief Restarted, left-preconditioned GMRES per row, as NEML2 3.1's Krylov loop behaves
 /// (see SolverConfig::Krylov): from x = 0, cycles of at most `restart` Arnoldi steps (a row
 /// stops extending its basis once its residual estimate is within tolerance), each followed
@@ -50,7 +55,8 @@ struct KrylovResult {
 /// but each row's result depends on that row alone (rows that stopped ride along unused).
 /// Only the rows of `active` are solved (undefined: all); the others get x = 0.
 [[nodiscard]] KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
-                                 const SolverConfig::Krylov& config, const at::Tensor& active = {});
+                                 const SolverConfig::Krylov& config, const at::Tensor& active = {},
+                                 GmresKernel kernel = GmresKernel::automatic);
 
 /// Where each row ended.
 struct NewtonResult {

@@ -104,6 +104,49 @@ TEST_CASE("GMRES solves each row to its tolerance, each row on its own") {
   }
 }
 
+TEST_CASE("GMRES's per-row CPU loops and its tensor operations (other devices) agree") {
+  using neml2::detail::GmresKernel;
+  Dense op{well_conditioned(5, 9, 17)};
+  const auto b = at::cos(at::arange(45, at::kDouble)).reshape({5, 9});
+  const auto active = at::tensor({1, 1, 0, 1, 1}, at::kInt).to(at::kBool);
+  auto k = tight();
+  k.restart = 3; // several cycles, rows finishing in different ones
+  const auto check_same = [&](const char* what) {
+    CAPTURE(what);
+    const auto loops = neml2::detail::gmres(op.ops(), b, k, active, GmresKernel::automatic);
+    const auto tensors = neml2::detail::gmres(op.ops(), b, k, active, GmresKernel::tensors);
+    CHECK(at::equal(loops.iterations, tensors.iterations));
+    CHECK(at::equal(loops.converged, tensors.converged));
+    test::check_close(loops.x, tensors.x, "x", 1e-12);
+    CHECK(loops.converged.index({active}).all().item<bool>());
+    CHECK((loops.iterations.index({~active}) == 0).all().item<bool>());
+  };
+  check_same("plain");
+  { // one cycle of more steps than a cycle first makes room for (8)
+    // Eigenvalues spread over 1..24: GMRES needs about one step per eigenvalue.
+    Dense big{at::diag_embed(at::arange(1, 25, at::kDouble).expand({2, 24})) +
+              0.1 * well_conditioned(2, 24, 3)};
+    const auto rhs = at::cos(at::arange(48, at::kDouble)).reshape({2, 24});
+    const auto loops = neml2::detail::gmres(big.ops(), rhs, tight());
+    const auto tensors = neml2::detail::gmres(big.ops(), rhs, tight(), {}, GmresKernel::tensors);
+    CHECK((loops.iterations > 8).all().item<bool>());
+    CHECK(at::equal(loops.iterations, tensors.iterations));
+    test::check_close(loops.x, at::linalg_solve(big.a, rhs), "x", 1e-11);
+    test::check_close(tensors.x, at::linalg_solve(big.a, rhs), "x", 1e-11);
+  }
+  op.inverse = [](const at::Tensor& r) { return r * at::arange(1, 10, at::kDouble); };
+  check_same("preconditioned");
+  // A float32 system through the loops' float instantiation.
+  Dense single{op.a.to(at::kFloat)};
+  Krylov f;
+  f.rel_tol = 1e-5;
+  const auto loops = neml2::detail::gmres(single.ops(), b.to(at::kFloat), f);
+  const auto tensors =
+      neml2::detail::gmres(single.ops(), b.to(at::kFloat), f, {}, GmresKernel::tensors);
+  CHECK(at::equal(loops.iterations, tensors.iterations));
+  test::check_close(loops.x.to(at::kDouble), at::linalg_solve(op.a, b), "float x", 1e-4);
+}
+
 TEST_CASE("GMRES restarts: GMRES(m) on the cyclic shift stagnates until m = n") {
   constexpr std::int64_t n = 6;
   Dense op{cyclic_shift(n)};
