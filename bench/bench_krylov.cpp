@@ -9,6 +9,7 @@
 
 #include <filesystem>
 
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
