@@ -10,6 +10,12 @@ limit="${1:-3}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$root/scripts/setup.sh" >/dev/null
 torch="$("$NEML2_DISPATCH_VENV/bin/python" -c 'import os, torch; print(os.path.dirname(torch.__file__))')"
+# neml2/version.hpp is generated into the build folder's include/ by the configure step.
+build="${NEML2_DISPATCH_BUILD:-$root/build}"
+[ -f "$build/include/neml2/version.hpp" ] || {
+  echo "header-cost: $build/include/neml2/version.hpp is missing; build first (scripts/build.sh)" >&2
+  exit 2
+}
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 headers=(ATen/ATen.h ATen/core/Tensor.h)
@@ -22,7 +28,7 @@ for h in "${headers[@]}"; do
   seconds=""
   for ((run = 0; run < ${RUNS:-3}; ++run)); do
     /usr/bin/time -f '%U %S %M' -o "$work/time" \
-      g++ -std=c++20 -O3 -DNDEBUG -D_GLIBCXX_USE_CXX11_ABI=1 -I"$root/include" \
+      g++ -std=c++20 -O3 -DNDEBUG -D_GLIBCXX_USE_CXX11_ABI=1 -I"$root/include" -I"$build/include" \
       -isystem "$torch/include" -isystem "$torch/include/torch/csrc/api/include" \
       -c "$work/one.cpp" -o "$work/one.o"
     read -r user sys rss <"$work/time"
