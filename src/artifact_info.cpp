@@ -85,7 +85,8 @@ SegmentInfo segment_of(const Segment& segment) {
   info.predictor = !s.predictor_package.empty();
   for (const auto* p : {&s.residual_package, &s.jacobian_package, &s.solve_package,
                         &s.predictor_package, &s.jacobian_given_package, &s.solve_ift_package,
-                        &s.dr_dparam_package, &s.solve_param_package})
+                        &s.dr_dparam_package, &s.solve_param_package, &s.matvec_package,
+                        &s.precond_setup_package, &s.precond_apply_package})
     graph(*p);
   return info;
 }
@@ -192,6 +193,11 @@ std::string format_artifact_info(const ArtifactInfo& info) {
                         "iterations, cutback {:g}, c {:g}), {} linear solve\n",
                         c->atol, c->rtol, c->miters, c->ls_type, c->ls_max_iters, c->ls_cutback,
                         c->ls_c, c->solver_kind);
+  if (const auto& c = info.solver_config; c && c->solver_kind == "krylov")
+    text += fmt::format("krylov: {}, restart {}, max_its {}, abs_tol {:g}, rel_tol {:g}, "
+                        "cache_strategy {} (cache_max_its {})\n",
+                        c->krylov.method, c->krylov.restart, c->krylov.max_its, c->krylov.abs_tol,
+                        c->krylov.rel_tol, c->krylov.cache_strategy, c->krylov.cache_max_its);
   text += "devices and dtypes:";
   for (const auto& l : info.leaves)
     text += fmt::format(" {}/{} ({} graphs)", l.device, l.dtype, l.graphs);
@@ -244,6 +250,14 @@ std::string artifact_info_json(const ArtifactInfo& info) {
                             {"ls_type", c->ls_type},
                             {"ls_max_iters", c->ls_max_iters},
                             {"solver_kind", c->solver_kind}};
+  if (const auto& c = info.solver_config; c && c->solver_kind == "krylov")
+    out["solver_config"]["krylov"] = {{"method", c->krylov.method},
+                                      {"restart", c->krylov.restart},
+                                      {"max_its", c->krylov.max_its},
+                                      {"abs_tol", c->krylov.abs_tol},
+                                      {"rel_tol", c->krylov.rel_tol},
+                                      {"cache_strategy", c->krylov.cache_strategy},
+                                      {"cache_max_its", c->krylov.cache_max_its}};
   return out.dump(2) + "\n";
 }
 

@@ -130,6 +130,23 @@ TEST_CASE("info on known artifacts: names, shapes, segments, solver, leaves") {
   CHECK(contains(text, "solver: atol"));
   CHECK(contains(text, "cpu/float64"));
 
+  // A GMRES model: its matvec and preconditioner graphs and its Krylov settings, as read.
+  const auto gmres_artifact =
+      read_artifact(resolve_artifact_root(test::stub("perzyna_gmres_bjac", "model")));
+  const auto gmres = artifact_info(gmres_artifact);
+  const auto& solve = std::get<ImplicitSegment>(gmres_artifact.segments.front());
+  const auto& graphs = gmres.segments.front().graphs;
+  for (const auto* package :
+       {&solve.matvec_package, &solve.precond_setup_package, &solve.precond_apply_package}) {
+    REQUIRE(!package->empty());
+    CHECK(std::find(graphs.begin(), graphs.end(), *package) != graphs.end());
+  }
+  const auto& krylov = gmres_artifact.solver_config->krylov;
+  CHECK(contains(format_artifact_info(gmres),
+                 "krylov: " + krylov.method + ", restart " + std::to_string(krylov.restart)));
+  CHECK(nlohmann::json::parse(artifact_info_json(gmres))["solver_config"]["krylov"]["max_its"] ==
+        krylov.max_its);
+
   const auto sub = artifact_info(read_artifact(
       resolve_artifact_root(test::stub("elasticity_subbatch", "elasticity"), "elasticity")));
   CHECK(sub.inputs[0].sub_batch_shape == Shape{3});
