@@ -514,7 +514,10 @@ private:
           return std::nullopt;
         }
         check(*choice, batch - p.first);
-        const auto [d, n] = *choice;
+        // Not a structured binding: the lambda below captures them (clang 14, the fuzz
+        // build's compiler, cannot capture bindings).
+        const auto d = choice->device;
+        const auto n = choice->rows;
         _policy.on_dispatched(d, n, engine.state);
         engine.rows_in_flight[d] += n;
         ++p.in_flight;
