@@ -254,7 +254,7 @@ static double three_digits(double x) {
   return std::round(x * scale) / scale;
 }
 
-Recommendations recommend(const TuneResult& result, double knee_fraction) {
+Recommendations recommend(const TuneResult& result, double knee_fraction, double sync_fraction) {
   if (result.devices.empty())
     throw FatalError("the tuning result lists no device; tune at least one (--device cpu)");
   Recommendations r;
@@ -262,7 +262,8 @@ Recommendations recommend(const TuneResult& result, double knee_fraction) {
   for (std::size_t d = 0; d < result.devices.size(); ++d) {
     const auto& curve = result.devices[d];
     const auto& best = curve.best();
-    r.sync.push_back(SyncChunking{.device = curve.device, .batch_size = best.rows});
+    r.sync.push_back(
+        SyncChunking{.device = curve.device, .batch_size = curve.knee(sync_fraction).rows});
     if (best.median > fastest) {
       fastest = best.median;
       r.fastest = d;
@@ -275,7 +276,7 @@ Recommendations recommend(const TuneResult& result, double knee_fraction) {
     r.pool.capacities.push_back(knee * std::max(curve.overlap_chunks, 1));
     r.pool.priorities.push_back(three_digits(curve.best().median / fastest));
     r.mpi.devices.push_back(curve.device);
-    r.mpi.batch_sizes.push_back(curve.best().rows);
+    r.mpi.batch_sizes.push_back(curve.knee(sync_fraction).rows);
   }
   return r;
 }
@@ -370,13 +371,17 @@ std::string format_table(const TuneResult& result) {
                             p.rows, p.median, p.low, p.high, &p == best ? "  best" : "");
     }
   }
+  for (const auto& curve : result.devices)
+    text += fmt::format("{}: a pool's lane costs {:.3g} us per chunk beyond the curve, {} "
+                        "chunk(s) in flight\n",
+                        curve.device.str(), 1e6 * curve.chunk_overhead, curve.overlap_chunks);
   return text;
 }
 
 // ---------------------------------------------------------------------------- the file
 
 static constexpr const char* tune_format = "neml2-dispatch tune file";
-static constexpr int tune_format_version = 1;
+static constexpr int tune_format_version = 2; // 2: chunk_overhead
 
 std::string tune_file_text(const TuneResult& result) {
   json devices = json::array();
@@ -394,6 +399,7 @@ std::string tune_file_text(const TuneResult& result) {
                        {"artifact_hash", curve.artifact_hash},
                        {"stop", to_string(curve.stop)},
                        {"overlap_chunks", curve.overlap_chunks},
+                       {"chunk_overhead", curve.chunk_overhead},
                        {"points", points}});
   }
   json file = {{"format", tune_format},
@@ -511,6 +517,7 @@ TuneResult parse_tune_file(const std::string& text, const std::string& where) {
         static_cast<int>(r.integer(entry, "overlap_chunks", f + ".overlap_chunks"));
     if (curve.overlap_chunks < 1)
       r.fail(f + ".overlap_chunks", "must be >= 1");
+    curve.chunk_overhead = r.number(entry, "chunk_overhead", f + ".chunk_overhead");
     const auto& points = r.array(entry, "points", f + ".points");
     for (std::size_t i = 0; i < points.size(); ++i) {
       const auto g = fmt::format("{}.points[{}]", f, i);
@@ -852,7 +859,48 @@ Timing time_operation(const Model& model, const Device& device, const TuneOption
                                  rows, device.str(), e.what()));
   }
 }
+
+// The lane test: one call of batch_rows in chunks at the knee, through the calling thread
+// and through a pool of one lane, alternately; what the lane costs per chunk beyond it.
+double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningChunks& chunks,
+                     const std::shared_ptr<const Artifact>& artifact, const DeviceCurve& curve,
+                     const TuneOptions& options) {
+  const auto knee = curve.knee().rows;
+  const auto batch = std::max(options.batch_rows, knee);
+  const auto inputs = tune_inputs(*artifact, options.inputs, batch, curve.device, options.dtype);
+  const DispatchedModel<GreedyPriorityCapacity> pool(
+      artifact, GreedyPriorityCapacity{.devices = {curve.device}, .batch_sizes = {knee}},
+      options.dtype);
+  *chunks.rows = knee;
+  auto once = options;
+  once.warmup = 0;
+  once.repeats = 1;
+  const auto seconds = [&](const auto& model) {
+    const auto timing = time_operation(model, curve.device, once, inputs, batch);
+    return timing.out_of_memory ? 0.0 : timing.seconds.front();
+  };
+  std::vector<double> direct, lane;
+  for (int k = 0; k < options.warmup + options.repeats; ++k) {
+    const auto d = seconds(chunked), l = seconds(pool);
+    if (k >= options.warmup) {
+      direct.push_back(d);
+      lane.push_back(l);
+    }
+  }
+  return chunk_overhead_from(std::move(direct), std::move(lane), (batch + knee - 1) / knee);
+}
 } // namespace
+
+double chunk_overhead_from(std::vector<double> direct, std::vector<double> lane,
+                           std::int64_t chunks) {
+  if (direct.empty() || lane.empty() || chunks < 1)
+    return 0;
+  const auto median = [](std::vector<double>& v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return std::max(0.0, (median(lane) - median(direct)) / static_cast<double>(chunks));
+}
 
 TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                 const TuneOptions& options, const std::string& model) {
@@ -921,6 +969,8 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
       }
       curve.overlap_chunks = choose_overlap_chunks(measured, options.sweep.improvement);
     }
+    if (options.lane_test)
+      curve.chunk_overhead = lane_overhead(chunked, chunks, shared, curve, options);
     result.devices.push_back(std::move(curve));
   }
   return result;

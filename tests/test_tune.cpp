@@ -42,7 +42,7 @@ struct Synthetic {
 };
 
 // The sweep over `s`, with no time budget unless `options` sets one.
-Sweep sweep_of(Synthetic& s, SweepOptions options = {.budget_seconds = 1e9}) {
+Sweep sweep_of(Synthetic& s, SweepOptions options = {.patience = 2, .budget_seconds = 1e9}) {
   return run_sweep([&](std::int64_t rows) { return s(rows); }, options);
 }
 
@@ -119,6 +119,21 @@ TEST_CASE("a dip: one size that is worse does not stop the doubling") {
   CHECK(sweep.stop() == SweepStop::finished);
 }
 
+TEST_CASE("a far second rise: the default patience doubles past a plateau to reach it") {
+  // Rising to 1e6 at 4096 rows, flat to 32768, where it steps up to 1.1e6 (10 % better).
+  const auto curve = [](std::int64_t r) {
+    return r >= 32768 ? 1.1e6 : 1e6 * static_cast<double>(std::min<std::int64_t>(r, 4096)) / 4096;
+  };
+  Synthetic two{curve};
+  CHECK(best_of(sweep_of(two)).rows == 4096); // patience 2: 8192 and 16384 end it
+  Synthetic four{curve};
+  const auto sweep = sweep_of(four, {.budget_seconds = 1e9}); // the default patience, 4
+  CHECK(best_of(sweep).rows == 32768);
+  // Four sizes past the rise that are not better end the doubling.
+  CHECK(std::find(four.asked.begin(), four.asked.end(), 524288) != four.asked.end());
+  CHECK(std::find(four.asked.begin(), four.asked.end(), 1048576) == four.asked.end());
+}
+
 TEST_CASE("a plateau: constant throughput stops after patience sizes, the smallest is best") {
   Synthetic s{[](std::int64_t) { return 1e6; }};
   const auto sweep = sweep_of(s, {.patience = 3, .budget_seconds = 1e9});
@@ -164,7 +179,7 @@ TEST_CASE("sizes asked for besides the doubling are measured, and refined around
   // Fast at small sizes, slow in the middle, fastest at 2^20: doubling stops at 64, the
   // whole call of 2^20 rows is measured anyway, and refinement then searches below it.
   Synthetic s{[](std::int64_t r) { return r <= 16 ? 100.0 * r : r < 1 << 20 ? 1000.0 : 1e5; }};
-  const auto sweep = sweep_of(s, {.budget_seconds = 1e9, .also = {1 << 20, 3}});
+  const auto sweep = sweep_of(s, {.patience = 2, .budget_seconds = 1e9, .also = {1 << 20, 3}});
   CHECK(first(s.asked, 9) == std::vector<std::int64_t>{1, 2, 4, 8, 16, 32, 64, 1 << 20, 3});
   CHECK(best_of(sweep).rows == 1 << 20);
   CHECK(s.asked[9] == 8192); // the geometric midpoint of 64 and 2^20
@@ -212,7 +227,8 @@ namespace {
 // saturates at 5e7 rows/s; the GPU's overlap test chose 4 chunks in flight.
 TuneResult two_devices() {
   TuneResult r{.model = "analytic", .machine = {"2.12.1", 2, "Some CPU", "float64"}};
-  DeviceCurve cpu{.device = "cpu", .device_name = "Some CPU", .artifact_hash = "aa"};
+  DeviceCurve cpu{
+      .device = "cpu", .device_name = "Some CPU", .artifact_hash = "aa", .chunk_overhead = 2.5e-6};
   for (std::int64_t rows : {1024, 2048, 4096, 8192})
     cpu.points.push_back({rows, rows == 4096 ? 2e6 : rows == 2048 ? 1.9e6 : 1e6, 0, 0, 3});
   DeviceCurve gpu{
@@ -267,6 +283,26 @@ TEST_CASE("the overlap test keeps the fewest chunks in flight within 3 % of the 
   CHECK(choose_overlap_chunks({}) == 1);
 }
 
+TEST_CASE("SyncChunking takes the smallest size within 3 % of the best: the rest is noise") {
+  auto r = two_devices();
+  r.devices[0].points[1].median = 1.95e6; // 2048 rows: 0.975 of 4096's 2e6
+  CHECK(recommend(r).sync[0].batch_size == 2048);
+  CHECK(recommend(r).mpi.batch_sizes[0] == 2048);
+  CHECK(recommend(r, 0.9, 1.0).sync[0].batch_size == 4096); // the best itself
+  r.devices[0].points[1].median = 1.93e6;                   // 0.965: 4096 is better
+  CHECK(recommend(r).sync[0].batch_size == 4096);
+}
+
+TEST_CASE("the lane test: the median difference per chunk, never below 0") {
+  // 10 chunks; the lane's median 0.012 s against 0.010 s: 0.2 ms per chunk. One outlier
+  // in each list moves neither median.
+  CHECK(chunk_overhead_from({0.010, 0.011, 0.009, 0.5, 0.010}, {0.012, 0.013, 0.011, 0.001, 0.012},
+                            10) == doctest::Approx(2e-4));
+  CHECK(chunk_overhead_from({0.010}, {0.008}, 10) == 0); // a faster lane is not a gain
+  CHECK(chunk_overhead_from({}, {0.01}, 10) == 0);
+  CHECK(chunk_overhead_from({0.01}, {0.02}, 0) == 0);
+}
+
 TEST_CASE("recommend() refuses a table with no device or no measured size") {
   CHECK_THROWS_WITH_AS((void)recommend(TuneResult{}), doctest::Contains("lists no device"),
                        FatalError);
@@ -292,6 +328,7 @@ TEST_CASE("the tune file round trip keeps every field") {
     CHECK(a.device_name == b.device_name);
     CHECK(a.artifact_hash == b.artifact_hash);
     CHECK(a.overlap_chunks == b.overlap_chunks);
+    CHECK(a.chunk_overhead == b.chunk_overhead);
     CHECK(a.stop == b.stop);
     REQUIRE(a.points.size() == b.points.size());
     for (std::size_t i = 0; i < a.points.size(); ++i) {
@@ -319,8 +356,8 @@ TEST_CASE("a malformed tune file is refused, naming the field") {
     f.erase(key);
     refused(f, std::string("field '") + key + "' is missing");
   }
-  for (const auto* key :
-       {"device", "device_name", "artifact_hash", "stop", "overlap_chunks", "points"}) {
+  for (const auto* key : {"device", "device_name", "artifact_hash", "stop", "overlap_chunks",
+                          "chunk_overhead", "points"}) {
     auto f = good;
     f["devices"][1].erase(key);
     refused(f, std::string("field 'devices[1].") + key + "' is missing");
@@ -343,8 +380,11 @@ TEST_CASE("a malformed tune file is refused, naming the field") {
   f["devices"][0]["points"][1]["low"] = 1e12; // low above the median
   refused(f, "field 'devices[0].points[1]' must have");
   f = good;
-  f["version"] = 2;
-  refused(f, "field 'version' is 2");
+  f["devices"][0]["chunk_overhead"] = -1e-6;
+  refused(f, "field 'devices[0].chunk_overhead' must be a non-negative number");
+  f = good;
+  f["version"] = 1; // before chunk_overhead
+  refused(f, "field 'version' is 1; this library reads version 2");
   f = good;
   f["devices"] = nlohmann::json::array();
   refused(f, "field 'devices' is empty");
@@ -534,6 +574,8 @@ TEST_CASE("tune() on a real model: a table whose keys match this machine") {
     CHECK(p.low <= p.median);
     CHECK(p.median <= p.high);
   }
+  CHECK(std::isfinite(curve.chunk_overhead));
+  CHECK(curve.chunk_overhead >= 0);
   check_tune_matches(r, artifact, at::kDouble); // made here: it matches
   const auto back = parse_tune_file(tune_file_text(r), "memory");
   check_tune_matches(back, artifact, at::kDouble);

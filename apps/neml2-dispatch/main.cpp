@@ -129,7 +129,7 @@ struct InputArguments {
 // What is timed and how often (tune: per size; run: the batch).
 struct MeasureArguments {
   std::string operation = "forward";
-  int repeats = 3, warmup = 1;
+  int repeats = 5, warmup = 1;
   void add(CLI::App* app) {
     app->add_option("--operation", operation, "what to time")
         ->check(CLI::IsMember({"forward", "jacobian", "param_jacobian"}));
@@ -520,7 +520,9 @@ struct SimulateCommand {
     c->add_option("--calls", calls, "calls in a row (the policy's state lives across them)")
         ->check(CLI::Range(1, 1000));
     c->add_option("--curve", curves, "a curve by hand: FAMILY=ROWS:RATE,ROWS:RATE,...");
-    c->add_option("--overhead", overheads, "seconds per chunk: SECONDS or FAMILY=SECONDS");
+    c->add_option("--overhead", overheads,
+                  "seconds per chunk: SECONDS or FAMILY=SECONDS (default: the tune file's lane "
+                  "test; 0 for a curve by hand)");
     c->add_option("--transfer", transfers,
                   "seconds per row copied (accelerators): SECONDS or FAMILY=SECONDS");
     c->add_option("--json", json_file, "write the report and timeline as JSON");
@@ -567,9 +569,10 @@ struct SimulateCommand {
       policy.batch_sizes.push_back(recommended.batch_sizes[k]);
       policy.capacities.push_back(recommended.capacities[k]);
       policy.priorities.push_back(recommended.priorities[k]);
-      node.push_back({neml2::ThroughputCurve::from(by_family.at(family)),
-                      overhead.contains(family) ? overhead.at(family) : 0.0,
-                      transfer.contains(family) ? transfer.at(family) : 0.0});
+      node.push_back(
+          {neml2::ThroughputCurve::from(by_family.at(family)),
+           overhead.contains(family) ? overhead.at(family) : by_family.at(family).chunk_overhead,
+           transfer.contains(family) ? transfer.at(family) : 0.0});
       names.push_back(device.str());
     }
     const auto sim = neml2::simulate(policy, node, batch, static_cast<std::size_t>(calls));

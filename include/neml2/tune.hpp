@@ -72,9 +72,10 @@ struct SweepOptions {
   std::int64_t max_rows = std::int64_t{1} << 22; ///< the cap (also lowered to what fits)
   /// A size counts as better when its median beats the best so far by this fraction.
   double improvement = 0.03;
-  /// Doubling stops after this many sizes in a row that were not better (a single dip
-  /// does not stop it).
-  int patience = 2;
+  /// Doubling stops after this many sizes in a row that were not better (a dip of up to
+  /// patience - 1 sizes does not stop it: J2 radial return on this machine's CPU has a
+  /// plateau from 4096 to 16384 rows and its best chunks near 46341).
+  int patience = 4;
   /// Rounds of refinement: the geometric midpoints between the best size and its measured
   /// neighbours, then again around the new best.
   int refine_rounds = 2;
@@ -159,6 +160,10 @@ struct DeviceCurve {
   SweepStop stop = SweepStop::finished; ///< why the device's sweep ended
   /// Chunks in flight that the overlap test found best (1 where the device cannot overlap).
   int overlap_chunks = 1;
+  /// Seconds a chunk costs on a pool's lane beyond what the curve says (the lane test:
+  /// GreedyPriorityCapacity against the calling thread at the knee, per chunk, >= 0). The
+  /// simulator adds it to each chunk of this device.
+  double chunk_overhead = 0;
 
   /// The measured point of highest median throughput (a FatalError when none was measured).
   [[nodiscard]] const TunePoint& best() const;
@@ -191,9 +196,11 @@ struct MPIRankAssignSettings {
   std::vector<std::int64_t> batch_sizes = {}; ///< rows per chunk: each device's best size
 };
 
-/// Policies recommended from a table: SyncChunking per device at its best size; one
-/// GreedyPriorityCapacity over all devices at their knees, priorities from their best
-/// throughput, capacities from their overlap tests; MPIRankAssign at the best sizes.
+/// Policies recommended from a table: SyncChunking per device at its best size (the
+/// smallest within `sync_fraction` of the best median: sizes closer than that are within
+/// the noise of one run, and the smaller holds less memory); one GreedyPriorityCapacity
+/// over all devices at their knees, priorities from their best throughput, capacities from
+/// their overlap tests; MPIRankAssign at the same sizes as SyncChunking.
 struct Recommendations {
   std::vector<SyncChunking> sync = {}; ///< in the table's device order
   std::size_t fastest = 0;             ///< the device of highest best throughput
@@ -201,9 +208,11 @@ struct Recommendations {
   MPIRankAssignSettings mpi = {};      ///< one device per MPI rank, at its best size
 };
 
-/// The policies `result` recommends, knees at `knee_fraction` of each best median
-/// (DeviceCurve::knee). A FatalError when it lists no device or one has no measured size.
-[[nodiscard]] Recommendations recommend(const TuneResult& result, double knee_fraction = 0.9);
+/// The policies `result` recommends, knees at `knee_fraction` of each best median and
+/// SyncChunking's sizes at `sync_fraction` (DeviceCurve::knee). A FatalError when it lists
+/// no device or one has no measured size.
+[[nodiscard]] Recommendations recommend(const TuneResult& result, double knee_fraction = 0.9,
+                                        double sync_fraction = 0.97);
 
 /// `policy` as a C++ expression to paste: `neml2::SyncChunking{.device = ..., ...}`.
 [[nodiscard]] std::string to_cpp(const SyncChunking& policy);
@@ -296,7 +305,7 @@ struct TuneOptions {
   std::string operation = "forward";    ///< forward, jacobian or param_jacobian
   c10::ScalarType dtype = c10::kDouble; ///< of the graphs measured and their inputs
   int warmup = 1;                       ///< untimed calls before each size's timed ones
-  int repeats = 3;                      ///< timed calls per size
+  int repeats = 5;                      ///< timed calls per size (their median is kept)
   /// The rows of the calls your host makes: each size is timed as the chunk size of one
   /// call of max(batch_rows, size) rows, so that what a chunk costs beside its graphs
   /// (slicing, gathering results, fresh memory) counts as in the run. One hot call of a
@@ -309,6 +318,8 @@ struct TuneOptions {
   TuneInputs inputs = {}; ///< the values each size is measured on
   /// Test chunks in flight 1, 2, 4 on accelerators (capacities of the pool).
   bool overlap_test = true;
+  /// Time a pool's lane against the calling thread at the knee (DeviceCurve::chunk_overhead).
+  bool lane_test = true;
   /// Called after each point (device index, point, the device's sweep).
   std::function<void(std::size_t, const TunePoint&, const Sweep&)> on_point = {};
 };
@@ -340,7 +351,15 @@ void call_operation(const Model& model, const std::string& operation,
 [[nodiscard]] int choose_overlap_chunks(const std::vector<std::pair<int, double>>& measured,
                                         double improvement = 0.03);
 
-/// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch).
+/// The lane test's verdict: seconds per chunk that a pool's lane added, from alternate
+/// timings of the same call through the calling thread (`direct`) and through the pool
+/// (`lane`), each of `chunks` chunks: the difference of the medians over `chunks`, >= 0
+/// (0 when either list is empty).
+[[nodiscard]] double chunk_overhead_from(std::vector<double> direct, std::vector<double> lane,
+                                         std::int64_t chunks);
+
+/// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch), then
+/// runs the overlap and lane tests the options ask for.
 [[nodiscard]] TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                               const TuneOptions& options = {}, const std::string& model = {});
 
