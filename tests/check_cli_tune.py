@@ -40,7 +40,7 @@ def main():
     done = run(program, "tune", stub, "--device", "cpu", "--budget", "3", "--max-rows", "4096",
                "--repeats", "2", "--batch", "4096", "--out", tune_file, "--plot", curves)
     data = json.load(open(tune_file))
-    assert data["format"] == "neml2-dispatch tune file" and data["version"] == 1
+    assert data["format"] == "neml2-dispatch tune file" and data["version"] == 2
     assert data["model"] == "elasticity" and data["dtype"] == "float64"
     device = data["devices"][0]
     assert device["device"] == "cpu" and len(device["artifact_hash"]) == 40
@@ -49,8 +49,11 @@ def main():
     assert rows[0] == 4 and max(rows) <= 4096 and rows == sorted(rows), rows
     for p in device["points"]:
         assert p["low"] <= p["median"] <= p["high"] and p["repeats"] == 2, p
-    best = max(device["points"], key=lambda p: p["median"])["rows"]
+    # SyncChunking: the smallest size within 3 % of the best median.
+    top = max(p["median"] for p in device["points"])
+    best = min(p["rows"] for p in device["points"] if p["median"] >= 0.97 * top)
     assert data["recommendations"]["sync"][0]["batch_size"] == best
+    assert device["chunk_overhead"] >= 0
     # Not a terminal: one progress line per point, on stderr.
     lines = [l for l in done.stderr.splitlines() if l.startswith("tune cpu: ")]
     assert len(lines) == len(rows), done.stderr
@@ -71,6 +74,20 @@ def main():
     assert sum(c["rows"] for c in sim["timeline"]) == 1000000
     assert 0 < sim["efficiency"] <= 1
     assert png_size(timeline) == (800, 500)
+
+    # The lane test's overhead from the file goes into every simulated CPU chunk, unless
+    # --overhead overrides it: a millisecond per chunk adds chunks x 1 ms to the makespan.
+    data["devices"][0]["chunk_overhead"] = 1e-3
+    with_overhead = os.path.join(work, "overhead.tune.json")
+    json.dump(data, open(with_overhead, "w"))
+    makespans = []
+    for extra in ([], ["--overhead", "cpu=0"]):
+        done = run(program, "simulate", with_overhead, "--pool", "cpu", "--batch", "100000",
+                   "--json", sim_json, *extra)
+        sim = json.load(open(sim_json))
+        makespans.append((sim["makespan"], len(sim["timeline"])))
+    (loaded, chunks), (bare, _) = makespans
+    assert abs(loaded - bare - chunks * 1e-3) < 1e-9 * chunks, makespans
     print("tune, run and simulate: tune file, plots and timeline check out")
 
 
