@@ -15,7 +15,6 @@
 #include <filesystem>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>
@@ -144,15 +143,3 @@ BENCHMARK(compact_never)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_always)->Apply(thresholds)->UseRealTime();
 BENCHMARK(scalar_plain)->Apply(substep_cases)->UseRealTime();
 BENCHMARK(scalar_substepping)->Apply(substep_cases)->UseRealTime();
-
-// One intra-op thread for both runtimes: the graphs' own kernels are serial here, and on a
-// shared two-core machine ATen's OpenMP barriers, not the work, set the time otherwise.
-int main(int argc, char** argv) {
-  at::set_num_threads(1);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv))
-    return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

@@ -10,7 +10,6 @@
 #include <filesystem>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <benchmark/benchmark.h>
 
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>
@@ -97,14 +96,3 @@ BENCHMARK(neml2_gmres)->Apply(cases)->UseRealTime();
 BENCHMARK(gmres)->Apply(cases)->UseRealTime();
 BENCHMARK(gmres_bjac)->Apply(cases)->UseRealTime();
 BENCHMARK(direct)->Apply(cases)->UseRealTime();
-
-// One intra-op thread for both runtimes, as bench_implicit does (a shared two-core machine).
-int main(int argc, char** argv) {
-  at::set_num_threads(1);
-  benchmark::Initialize(&argc, argv);
-  if (benchmark::ReportUnrecognizedArguments(argc, argv))
-    return 1;
-  benchmark::RunSpecifiedBenchmarks();
-  benchmark::Shutdown();
-  return 0;
-}

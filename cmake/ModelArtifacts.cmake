@@ -34,6 +34,9 @@ function(neml2_dispatch_add_artifact name)
       OUTPUT "${out}.ref/reference.json"
       COMMAND "${NEML2_DISPATCH_PYTHON}" "${tools}/make_reference.py" "${input}"
               --model ${arg_MODEL} ${arg_REFERENCE_OPTIONS} --out "${out}.ref"
+      # A cached result keeps the cache entry's time, older than the input of a fresh
+      # clone: without this, make would run the step again on every build.
+      COMMAND ${CMAKE_COMMAND} -E touch "${out}.ref/reference.json"
       DEPENDS "${input}" "${tools}/make_reference.py"
       COMMENT "eager NEML2 reference values for ${name}"
       VERBATIM)
