@@ -4,6 +4,7 @@
 // GPU also capacity 1, 2 and 4 chunks. Names are NAME/BATCH/CHUNK (CPU chunk rows);
 // tools/bench_hybrid.py turns a run into the ratios docs/performance.md reports.
 
+#include <algorithm>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -45,6 +46,15 @@ neml2::TensorMap inputs(std::int64_t batch) {
   return {{"strain", 1e-3 * at::rand({batch, 6}, at::kDouble)}};
 }
 
+// The last results against the CPU's, whole batch (scripts/gpu-check.sh fails on the error).
+void check_against_cpu(benchmark::State& state, const neml2::TensorMap& x,
+                       const at::Tensor& stress) {
+  const auto cpu = neml2::load_model(stub(), "elasticity").forward(x).at("stress");
+  const auto scale = std::max(cpu.abs().max().item<double>(), 1e-300);
+  if ((stress.to(at::kCPU) - cpu).abs().max().item<double>() > 1e-10 * scale)
+    state.SkipWithError("results differ from the CPU's");
+}
+
 template <class Model>
 void measure(benchmark::State& state, const Model& model) {
   const auto x = inputs(state.range(0));
@@ -52,6 +62,7 @@ void measure(benchmark::State& state, const Model& model) {
   for (auto _ : state)
     benchmark::DoNotOptimize(model.forward(x));
   state.SetItemsProcessed(state.iterations() * state.range(0));
+  check_against_cpu(state, x, model.forward(x).at("stress"));
 }
 
 // The same calls into an output allocated once: no page faults, the engine alone.
@@ -63,6 +74,7 @@ void measure_into(benchmark::State& state, const Model& model) {
   for (auto _ : state)
     model.forward_into(x, out);
   state.SetItemsProcessed(state.iterations() * state.range(0));
+  check_against_cpu(state, x, out.at("stress"));
 }
 
 void sync_cpu_into(benchmark::State& state) {

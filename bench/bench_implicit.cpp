@@ -12,6 +12,7 @@
 // substepping costs the rows that converge in one step (0 %), and with a few rows that
 // need three spans (10 %).
 
+#include <algorithm>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -58,6 +59,38 @@ void neml2_runtime(benchmark::State& state) {
                                        std::make_shared<neml2::aoti::SimpleScheduler>(
                                            neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
   measure(state, model);
+}
+
+// On a GPU (artifact j2_radial_return_gpu, -DNEML2_DISPATCH_GPU_TESTS=ON): cpu inputs, cuda
+// compute, results on the cpu for NEML2's runtime and ours alike; the results of the last
+// call are checked against the CPU's (scripts/gpu-check.sh fails on the error).
+const auto gpu_stub =
+    std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "j2_radial_return_gpu" / "model_aoti.i";
+
+template <class Model>
+void measure_checked(benchmark::State& state, Model& model) {
+  measure(state, model);
+  const auto x = inputs(state.range(0), state.range(1));
+  const auto cpu = neml2::load_model(stub, "model").forward(x);
+  for (const auto& [name, value] : model.forward(x)) {
+    const std::string output = name;
+    const at::Tensor expected = cpu.at(output), actual = value.to(at::kCPU);
+    const auto scale = std::max(expected.abs().max().item<double>(), 1e-300);
+    if ((actual - expected).abs().max().item<double>() > 1e-10 * scale)
+      state.SkipWithError(("'" + output + "' differs from the CPU's").c_str());
+  }
+}
+
+void neml2_runtime_cuda(benchmark::State& state) {
+  auto model = neml2::aoti::load_model(gpu_stub, "model",
+                                       std::make_shared<neml2::aoti::SimpleScheduler>(
+                                           neml2::aoti::SimpleScheduler::Config{"cuda:0", 0}));
+  measure_checked(state, model);
+}
+
+void dispatched_cuda(benchmark::State& state) {
+  auto model = neml2::load_model(gpu_stub, "model", neml2::SyncChunking{.device = "cuda:0"});
+  measure_checked(state, model);
 }
 
 void run_dispatched(benchmark::State& state, double compact_below) {
@@ -129,6 +162,10 @@ void versus(benchmark::internal::Benchmark* b) {
       b->Args({batch, percent});
 }
 
+void on_gpu(benchmark::internal::Benchmark* b) {
+  b->Args({1 << 14, 100})->Args({1 << 18, 100})->Args({1 << 18, 10})->UseRealTime();
+}
+
 void thresholds(benchmark::internal::Benchmark* b) {
   for (std::int64_t percent : {100, 95, 90, 75, 50, 10})
     b->Args({1 << 14, percent});
@@ -143,3 +180,13 @@ BENCHMARK(compact_never)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_always)->Apply(thresholds)->UseRealTime();
 BENCHMARK(scalar_plain)->Apply(substep_cases)->UseRealTime();
 BENCHMARK(scalar_substepping)->Apply(substep_cases)->UseRealTime();
+// J2 on cuda:0 against NEML2's runtime where a GPU and the artifact's cuda graphs exist
+// (scripts/gpu-check.sh compiles them); registered at start-up, as BENCHMARK does.
+const bool gpu_benchmarks = [] {
+  if (neml2::device_count(neml2::DeviceFamily::cuda) > 0 &&
+      std::filesystem::is_directory(gpu_stub.parent_path() / "model" / "cuda")) {
+    benchmark::RegisterBenchmark("neml2_runtime_cuda", neml2_runtime_cuda)->Apply(on_gpu);
+    benchmark::RegisterBenchmark("dispatched_cuda", dispatched_cuda)->Apply(on_gpu);
+  }
+  return true;
+}();

@@ -2,6 +2,7 @@
 // compiled graph (linear elasticity, float64, cpu). tools/bench_ratios.py turns the
 // output into the ratios docs/performance.md reports.
 
+#include <algorithm>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -76,6 +77,11 @@ void dispatched_cuda(benchmark::State& state) {
   for (auto _ : state)
     benchmark::DoNotOptimize(model.forward(inputs));
   state.SetItemsProcessed(state.iterations() * state.range(0));
+  // The last results against the CPU's (scripts/gpu-check.sh fails on the error).
+  const auto cpu = neml2::load_model(root, "elasticity").forward(inputs).at("stress");
+  const auto error = (model.forward(inputs).at("stress") - cpu).abs().max().item<double>();
+  if (error > 1e-10 * std::max(cpu.abs().max().item<double>(), 1e-300))
+    state.SkipWithError("results differ from the CPU's");
 }
 
 } // namespace

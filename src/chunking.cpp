@@ -10,6 +10,7 @@
 #include <ATen/MemoryOverlap.h>
 
 #include <neml2/detail/chunking.hpp>
+#include <neml2/detail/worker_pool.hpp>
 
 #include "result_memory.hpp"
 
@@ -220,6 +221,15 @@ void Gatherer::add_failed_rows(std::size_t index, std::int64_t first, std::int64
 }
 
 std::vector<at::Tensor> Gatherer::finish() && {
+  // What chunks made on workers' streams (shared blocks, sums, the converged mask) goes to
+  // the calling thread, which finishes every call: its stream owns them from now on.
+  if (!_into)
+    for (const auto& t : _results)
+      own_on_this_stream(t);
+  for (const auto& [index, sums] : _sums)
+    for (const auto& t : sums)
+      own_on_this_stream(t);
+  own_on_this_stream(_converged);
   for (std::size_t i = 0, k = 0; i < _results.size(); ++i) {
     if (_call.slots()[i].gather != Gather::sum || _sums.empty())
       continue;

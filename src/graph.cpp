@@ -12,6 +12,8 @@
 #include <regex>
 
 #include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -182,6 +184,14 @@ std::vector<GraphInput> wrapper_inputs(const std::string& source) {
 
 std::atomic<const GraphCallObserver*> graph_call_observer{nullptr};
 
+// The calling thread's current stream of `device`, for the runner (which, given none, takes
+// the current stream of whichever device is current); none on the CPU.
+void* stream_of(c10::Device device) {
+  return device.is_cpu()
+             ? nullptr
+             : c10::impl::getDeviceGuardImpl(device.type())->getStream(device).native_handle();
+}
+
 std::string shape_of(const std::vector<std::int64_t>& sizes) {
   std::vector<std::string> dims;
   for (auto s : sizes)
@@ -301,6 +311,11 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
   // Loader construction is not thread-safe in torch: one at a time, process-wide.
   static std::mutex construction;
   std::lock_guard lock(construction);
+  // Loading for cuda:N makes N the thread's current device: the guard puts back the one
+  // the caller had (the probe call of expect() takes the stream of _torch_device anyway).
+  c10::OptionalDeviceGuard restore;
+  if (!device.is_cpu())
+    restore.reset_device(device);
   register_custom_operators();
   _loader =
       translate_foreign_errors(fmt::format("loading '{}' for {}", _file, _device).c_str(), [&] {
@@ -538,7 +553,7 @@ std::vector<at::Tensor> Graph::run_split(const std::vector<at::Tensor>& args,
 std::vector<at::Tensor> Graph::run_checked(const std::vector<at::Tensor>& args) const {
   std::vector<at::Tensor> results;
   try {
-    results = _loader->run(args);
+    results = _loader->run(args, stream_of(_torch_device));
   } catch (const std::exception& e) {
     throw FatalError(fmt::format("running '{}' on {}: {}", _file, _device, first_lines(e.what())),
                      e.what());

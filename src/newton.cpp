@@ -12,6 +12,23 @@
 namespace neml2::detail {
 namespace {
 
+// Every value the loops below read back from their tensors passes through these two: on an
+// accelerator each read is a host synchronization, which leaves the device idle for the
+// launch latency of what follows. Counted per thread for tests (newton_host_reads()).
+thread_local std::uint64_t host_reads = 0;
+
+template <class T>
+T to_host(const at::Tensor& t) {
+  ++host_reads;
+  return t.item<T>();
+}
+
+// The indices where `mask` (rows,) is true.
+at::Tensor rows_where(const at::Tensor& mask) {
+  ++host_reads;
+  return mask.nonzero().squeeze(1);
+}
+
 std::vector<at::Tensor> graph_args(const std::vector<at::Tensor>& u,
                                    const std::vector<at::Tensor>& givens,
                                    const std::vector<at::Tensor>& params) {
@@ -71,9 +88,11 @@ struct WorkingSet {
 
   [[nodiscard]] std::int64_t rows() const { return r0.size(0); }
 
+  // The iteration's one host read: how many rows iterate decides whether the loop goes
+  // on and whether the working set shrinks.
   void update_active() {
     active = ~(converged | failed);
-    n_active = active.sum().item<std::int64_t>();
+    n_active = to_host<std::int64_t>(active.sum());
   }
 };
 
@@ -106,7 +125,8 @@ void compact(WorkingSet& w, BatchState& batch) {
     batch.norm = w.norm.clone();
     batch.converged = w.converged.clone();
   }
-  const auto keep = w.active.nonzero().squeeze(1);
+  // n_active rows are active: their indices without a read back (nonzero's size is unknown).
+  const auto keep = at::nonzero_static(w.active, w.n_active).squeeze(1);
   w.index = w.index.defined() ? w.index.index_select(0, keep) : keep;
   select_rows(w.u, keep);
   select_rows(w.givens, keep);
@@ -118,7 +138,7 @@ void compact(WorkingSet& w, BatchState& batch) {
   w.norm = w.norm.index_select(0, keep);
   w.converged = w.converged.index_select(0, keep);
   w.failed = w.failed.index_select(0, keep);
-  w.update_active();
+  w.active = ~(w.converged | w.failed); // every row kept iterates: n_active stays
 }
 
 // Per-row inner product of two lists of `(rows, ...)` tensors, flattened and joined.
@@ -156,7 +176,7 @@ at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
     const auto crit =
         strong_wolfe ? (1 - config.ls_c * alpha) * nb0 : nb0 - 2 * config.ls_c * alpha * slope;
     settled = settled | (nb <= crit) | (nb <= config.atol * config.atol);
-    if (i + 1 == config.ls_max_iters || settled.all().item<bool>())
+    if (i + 1 == config.ls_max_iters || to_host<bool>(settled.all()))
       break;
     alpha = at::where(settled, alpha, alpha / config.ls_cutback);
   }
@@ -166,13 +186,17 @@ at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
 // Up to this many rows, Newton starts from the jacobian graph (see newton_solve).
 constexpr std::int64_t small_batch = 64;
 
+// The largest ||r|| of a row that failed (NaN when one is not finite, 0 when none failed),
+// in one read.
 double worst_residual(const at::Tensor& converged, const at::Tensor& norm) {
-  const auto unconverged = ~converged;
-  if (!unconverged.any().item<bool>())
+  constexpr auto none = -std::numeric_limits<double>::infinity();
+  if (norm.numel() == 0)
     return 0;
-  const auto norms = norm.masked_select(unconverged);
-  return at::isfinite(norms).all().item<bool>() ? norms.max().item<double>()
-                                                : std::numeric_limits<double>::quiet_NaN();
+  const auto failed = ~converged;
+  const auto not_finite = (failed & ~at::isfinite(norm)).any();
+  const auto worst = to_host<double>(at::where(not_finite, std::numeric_limits<double>::quiet_NaN(),
+                                               at::where(failed, norm, none).max()));
+  return worst == none ? 0 : worst;
 }
 
 bool worth_compacting(const WorkingSet& w, double compact_below) {
@@ -201,7 +225,7 @@ std::vector<at::Tensor> krylov_step(const NewtonGraphs& graphs, WorkingSet& w,
       w.precond = graphs.precond_setup(args);
     else if (config.cache_strategy == "max_its") {
       const auto stale = w.krylov_iterations > config.cache_max_its;
-      if (stale.any().item<bool>()) {
+      if (to_host<bool>(stale.any())) {
         auto fresh = graphs.precond_setup(args);
         for (std::size_t k = 0; k < fresh.size(); ++k) {
           auto shape = std::vector<std::int64_t>(static_cast<std::size_t>(fresh[k].dim()), 1);
@@ -441,10 +465,10 @@ KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
   auto running = ~converged & at::isfinite(beta);
   if (active.defined())
     running = running & active;
-  while (running.any().item<bool>()) {
+  while (to_host<bool>(running.any())) {
     ArnoldiCycle cycle(z, beta, running, m);
     std::int64_t steps = 0;
-    for (; steps < m && cycle.open.any().item<bool>(); ++steps) {
+    for (; steps < m && to_host<bool>(cycle.open.any()); ++steps) {
       iterations = iterations + cycle.open.to(at::kLong);
       cycle.reserve(steps, m);
       arnoldi_step(cycle, precondition(ops.apply(cycle.basis.select(0, steps))), steps, tol);
@@ -452,7 +476,7 @@ KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
     x = x + at::where(running.unsqueeze(1), cycle_step(cycle, steps), 0);
     // NEML2 checks the iteration cap between cycles: a cycle always runs to its end.
     running = running & (iterations < config.max_its);
-    if (!running.any().item<bool>())
+    if (!to_host<bool>(running.any()))
       break;
     z = precondition(b - ops.apply(x));
     beta = z.norm(2, 1);
@@ -516,8 +540,9 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
     const auto norm = row_norm(w.jacobian, graphs.a_blocks);
     const auto absolute = norm < config.atol;
     auto relative = norm < config.rtol * w.r0;
-    // The update must be small too (only asked of rows the relative test alone would pass).
-    if (gate_relative && (relative & ~absolute).any().item<bool>())
+    // The update must be small too. Only rows the relative test alone passes can tell, so
+    // asking it of every row gives the same rows, without reading back whether there are any.
+    if (gate_relative)
       relative =
           relative & (row_norm(du, 0) < config.substep_del_tol * (row_norm(w.u, 0) + config.atol));
     const auto converged = absolute | relative;
@@ -542,6 +567,10 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
   result.norm = std::move(batch.norm);
   result.worst_residual = worst_residual(result.converged, result.norm);
   return result;
+}
+
+std::uint64_t newton_host_reads() noexcept {
+  return host_reads;
 }
 
 } // namespace neml2::detail
@@ -628,7 +657,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
     return newton_solve(graphs, std::move(u0), givens, params, config);
   const auto guesses = u0;
   auto result = newton_solve(graphs, std::move(u0), givens, params, config, true);
-  const auto failed = (~result.converged).nonzero().squeeze(1);
+  const auto failed = rows_where(~result.converged);
   if (failed.numel() == 0)
     return result;
 
@@ -664,7 +693,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
   }
 
   while (true) {
-    const auto active = (~(s.done | s.dead)).nonzero().squeeze(1);
+    const auto active = rows_where(~(s.done | s.dead));
     if (active.numel() == 0)
       break;
     const auto pos = s.pos.index_select(0, active);
@@ -688,9 +717,9 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
 
     auto solved = newton_solve(graphs, rows_of(s.u, active), span, params, config, true);
     const auto ok = solved.converged;
-    const auto ok_rows = active.masked_select(ok);
-    const auto ok_index = ok.nonzero().squeeze(1);
-    const auto bad_rows = active.masked_select(~ok);
+    const auto ok_index = rows_where(ok), bad_index = rows_where(~ok);
+    const auto ok_rows = active.index_select(0, ok_index);
+    const auto bad_rows = active.index_select(0, bad_index);
 
     // Converged spans: carry the solution, move on, climb back up the tree.
     if (ok_rows.numel() > 0) {
@@ -729,7 +758,6 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
     }
     // Failed spans: bisect, or fail the row at the deepest level.
     if (bad_rows.numel() > 0) {
-      const auto bad_index = (~ok).nonzero().squeeze(1);
       s.norm.index_copy_(0, bad_rows, solved.norm.index_select(0, bad_index));
       const auto d = s.depth.index_select(0, bad_rows);
       const auto bottom = d >= plan.max_level;
@@ -747,7 +775,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
   result.converged = result.converged.index_copy(0, s.rows, s.done);
   result.norm = result.norm.index_copy(0, s.rows, s.norm);
   result.worst_residual = worst_residual(result.converged, result.norm);
-  const auto settled = s.done.nonzero().squeeze(1);
+  const auto settled = rows_where(s.done);
   if (settled.numel() > 0) {
     result.substepped = s.rows.index_select(0, settled);
     if (track)

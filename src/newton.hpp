@@ -115,6 +115,12 @@ struct SubstepPlan {
                                         const std::vector<at::Tensor>& params,
                                         const SolverConfig& config, bool gate_relative = false);
 
+/// How many values newton_solve, solve_with_substeps and gmres have read back to the host
+/// on this thread so far (each one a host synchronization on an accelerator): at most one
+/// per Newton iteration for its decisions, a few per solve, plus one per line-search trial
+/// and GMRES step. For tests.
+[[nodiscard]] std::uint64_t newton_host_reads() noexcept;
+
 /// @brief newton_solve, then adaptive substepping of the rows that failed (when
 /// `plan.max_level > 0`), as NEML2's runtime does it: a failed span of the step is
 /// bisected, recursively, down to spans of 2^-max_level of the step; after a span

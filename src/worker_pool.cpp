@@ -1,5 +1,6 @@
 // The worker threads of asynchronous policies, and staging chunks onto accelerators.
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -9,6 +10,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/core/Event.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
@@ -135,6 +137,38 @@ void take_rows_staged(const BoundCall& call, std::int64_t first, std::int64_t ro
 void synchronize_current_stream(c10::Device device) {
   const auto* impl = c10::impl::getDeviceGuardImpl(device.type());
   impl->getStream(device).synchronize();
+}
+
+CallerStreams::CallerStreams() = default;
+CallerStreams::~CallerStreams() = default;
+
+void CallerStreams::record(const BoundCall& call, const std::vector<at::Tensor>& targets) {
+  std::vector<c10::Device> devices;
+  const auto note = [&](c10::Device d) {
+    if (!d.is_cpu() && std::find(devices.begin(), devices.end(), d) == devices.end())
+      devices.push_back(d);
+  };
+  note(call.device);
+  for (const auto* tensors : {&call.inputs, &call.params, &call.extras, &targets})
+    for (const auto& t : *tensors)
+      if (t.defined())
+        note(t.device());
+  for (const auto d : devices) {
+    _events.emplace_back(d.type());
+    _events.back().record(c10::impl::getDeviceGuardImpl(d.type())->getStream(d));
+  }
+}
+
+void CallerStreams::wait() const {
+  for (const auto& e : _events) {
+    const c10::Device d(e.device_type(), e.device_index());
+    e.block(c10::impl::getDeviceGuardImpl(d.type())->getStream(d));
+  }
+}
+
+void own_on_this_stream(const at::Tensor& t) {
+  if (t.defined() && t.is_cuda())
+    t.record_stream(c10::impl::getDeviceGuardImpl(t.device().type())->getStream(t.device()));
 }
 
 } // namespace neml2::detail

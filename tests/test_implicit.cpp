@@ -18,6 +18,7 @@
 
 using namespace neml2;
 using test::contains;
+using test::convergence_error;
 
 namespace {
 
@@ -120,16 +121,6 @@ std::pair<TensorMap, at::Tensor> forward_rows(const Model& m, const TensorMap& i
   } catch (const ConvergenceError& e) {
     return {e.outputs(), e.converged_mask()};
   }
-}
-
-ConvergenceError convergence_error(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const ConvergenceError& e) {
-    return e;
-  }
-  FAIL("expected a ConvergenceError");
-  throw std::logic_error("unreachable");
 }
 
 } // namespace

@@ -376,8 +376,7 @@ private:
         throw;
       results.add_failed_rows(index, first, rows, e);
     }
-    if (!device.is_cpu())
-      detail::synchronize_current_stream(device);
+    finished_on(d); // its results ready (and this thread's staging buffers free again)
   }
 
   std::vector<at::Tensor> dispatch_sync(Operation op, detail::BoundCall& call,
@@ -395,6 +394,7 @@ private:
         return run_direct(op, call, d, targets);
       const auto start = clock::now();
       auto results = run_direct(op, call, d, targets);
+      finished_on(d); // the observer's seconds end when the results are ready
       _observer(event(0, d, 0, batch, seconds_since(start)));
       return results;
     }
@@ -423,6 +423,7 @@ private:
     detail::BoundCall& call;
     std::vector<at::Tensor> targets;         // the caller's tensors, until `results` takes them
     std::optional<detail::Gatherer> results; // made before the first chunk goes to the pool
+    detail::CallerStreams caller;            // recorded then: what workers wait for
     std::int64_t first = 0;                  // the next row to dispatch
     std::size_t index = 0;                   // the next chunk's number
     std::size_t in_flight = 0;
@@ -458,37 +459,33 @@ private:
     std::unique_lock lock(engine.mutex);
     if (const auto d = dispatch_ready(progress, /*may_run_here=*/true)) {
       lock.unlock(); // one chunk in place: no pool, no copy
-      complete(*d, 0, call.batch, 0, progress,
-               [&] { direct = run_direct(op, call, *d, progress.targets); });
+      complete(*d, 0, call.batch, 0, progress, [&] {
+        direct = run_direct(op, call, *d, progress.targets);
+        finished_on(*d); // the policy's seconds end when the results are ready
+      });
       lock.lock();
-    }
+    } else if (!progress.results && progress.errors.empty())
+      start_on_pool(progress); // the policy made it wait: started here, not on a worker
     progress.finished.wait(lock, [&] { return progress.done(); });
     std::erase(engine.waiting_for_room, &progress);
     lock.unlock();
     rethrow(progress.errors);
     if (!progress.results)
       return direct;
-    auto results = std::move(*progress.results).finish();
-    settle_on_this_stream(call, results);
-    return results;
+    return std::move(*progress.results).finish(); // on this thread: its stream owns them
   }
 
-  // Shared blocks and sums of chunks on an accelerator were made on workers' streams: take
-  // the shared ones onto this thread's stream and wait, so that no block of a worker's
-  // stream is reused while this stream still reads it.
-  void settle_on_this_stream(const detail::BoundCall& call,
-                             std::vector<at::Tensor>& results) const {
-    bool waited = false;
-    for (std::size_t i = 0; i < results.size(); ++i) {
-      const auto gather = call.slots()[i].gather;
-      if (gather == detail::Gather::rows || !results[i].defined() || results[i].is_cpu())
-        continue;
-      if (gather == detail::Gather::shared)
-        results[i] = results[i].clone();
-      if (!waited)
-        detail::synchronize_current_stream(results[i].device());
-      waited = true;
-    }
+  // A call's first chunk for the pool (on the calling thread, Engine::mutex held): where its
+  // streams stand, and its outputs allocated on them, before any worker sees the call.
+  void start_on_pool(Progress& p) const {
+    p.caller.record(p.call, p.targets);
+    p.results.emplace(p.call, session().dtype(), /*concurrent=*/true, std::move(p.targets));
+  }
+
+  // Waits for the work of this thread on accelerator d (nothing on the CPU).
+  void finished_on(std::size_t d) const {
+    if (!_compute[d].is_cpu())
+      detail::synchronize_current_stream(_compute[d]);
   }
 
   // Dispatches the chunks the policy allows now (Engine::mutex held; any thread). Returns
@@ -527,11 +524,13 @@ private:
         if (may_run_here && n == batch && p.call.device == _compute[d])
           return d;
         try {
-          if (!p.results)
-            p.results.emplace(p.call, session().dtype(), /*concurrent=*/true, std::move(p.targets));
+          if (!p.results) // only on the calling thread: dispatch_async starts the others
+            start_on_pool(p);
           engine.pool.submit(d, [this, &p, d, n, first, index] {
-            complete(d, first, n, index, p,
-                     [&] { run_chunk(p.op, p.call, *p.results, d, first, n, index); });
+            complete(d, first, n, index, p, [&] {
+              p.caller.wait(); // after what the caller queued: its inputs, readers of outputs
+              run_chunk(p.op, p.call, *p.results, d, first, n, index);
+            });
           });
         } catch (...) { // not queued: it will never complete
           engine.rows_in_flight[d] -= n;

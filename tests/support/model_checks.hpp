@@ -3,6 +3,9 @@
 // Checks written once for anything with the model surface (Session, DispatchedModel<P>):
 // each operation against the eager-NEML2 reference values of one case.
 
+#include <functional>
+#include <stdexcept>
+
 #include "reference.hpp"
 
 namespace test {
@@ -110,6 +113,17 @@ void check_empty_batch(const Model& m, bool derivatives) {
         CHECK(block.numel() == 0);
       }
   }
+}
+
+/// The ConvergenceError `f` throws (a test failure when it throws none).
+inline neml2::ConvergenceError convergence_error(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const neml2::ConvergenceError& e) {
+    return e;
+  }
+  FAIL("expected a ConvergenceError");
+  throw std::logic_error("unreachable");
 }
 
 } // namespace test
