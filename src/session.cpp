@@ -536,86 +536,81 @@ detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
 std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation op,
                                                    detail::ChunkArgs& chunk) {
   const auto& m = *s._impl;
-  const auto run = [&]() -> std::vector<at::Tensor> {
-    if (m.chain)
-      return m.chain->run(op, chunk);
-    switch (op) {
-    case Operation::forward: {
-      auto results = m.run_graph(m.value_graph, chunk);
-      m.put_outputs_in_master_order(results);
-      return results;
-    }
-    case Operation::jacobian: {
-      auto results = m.run_graph(m.jvp_graph, chunk);
-      m.put_outputs_in_master_order(results);
-      const auto n_out = m.output_names.size();
-      for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
-        results[n_out + k] = m.full_block(results[n_out + k], k, chunk.rows);
-      return results;
-    }
-    case Operation::jvp: {
-      auto blocks = m.run_graph(m.jvp_graph, chunk);
-      m.put_outputs_in_master_order(blocks);
-      const auto n_out = m.output_names.size();
-      std::vector<at::Tensor> results(2 * n_out);
-      for (std::size_t o = 0; o < n_out; ++o)
-        results[o] = blocks[o];
-      for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k) {
-        const auto [o, i] = m.jacobian_blocks[k];
-        const auto& tangent = chunk.extras[i];
-        if (!tangent.defined())
-          continue;
-        // block (R, *sub, *out, *in) . tangent (R, *sub, *in) -> (R, *sub, *out): each
-        // sub-batch entry on its own; an output without the sub-batch axes sums over them.
-        const auto& pair = m.segment->jacobian_pairs[k];
-        const auto sub = numel(pair.in_sub_batch_shape), out = numel(pair.out_base_shape),
-                   in = numel(pair.in_base_shape);
-        const auto block = m.full_block(blocks[n_out + k], k, chunk.rows);
-        auto term =
-            at::matmul(block.reshape({pair.batch_independent ? 1 : chunk.rows, sub, out, in}),
-                       tangent.reshape({chunk.rows, sub, in, 1}));
-        const auto& output = blocks[o];
-        const bool output_has_sub =
-            output.dim() > 1 + static_cast<std::int64_t>(pair.out_base_shape.size());
-        term = (output_has_sub ? term : term.sum(1)).reshape(output.sizes());
-        results[n_out + o] = results[n_out + o].defined() ? results[n_out + o] + term : term;
-      }
-      for (std::size_t o = 0; o < n_out; ++o)
-        if (!results[n_out + o].defined())
-          results[n_out + o] = at::zeros_like(blocks[o]);
-      return results;
-    }
-    case Operation::param_jacobian: {
-      auto results = m.run_graph(m.value_graph, chunk);
-      m.put_outputs_in_master_order(results);
-      auto blocks = m.run_graph(m.param_jacobian_graph, chunk);
-      results.insert(results.end(), std::make_move_iterator(blocks.begin()),
-                     std::make_move_iterator(blocks.end()));
-      return results;
-    }
-    case Operation::param_vjp: {
-      auto args = m.graph_args(chunk);
-      for (std::size_t c = 0; c < m.vjp_cotangents.size(); ++c) {
-        if (chunk.extras[c].defined())
-          args.push_back(chunk.extras[c]);
-        else {
-          auto shape = m.output_base_shapes[m.vjp_cotangents[c]];
-          shape.insert(shape.begin(), chunk.rows);
-          args.push_back(
-              at::zeros(shape, at::TensorOptions().dtype(m.dtype).device(m.torch_device)));
-        }
-      }
-      return m.call(m.param_vjp_graph, args);
-    }
-    }
-    throw FatalError("internal: unknown operation");
-  };
   // The chunk's work goes to the compute device whichever device is current on this thread
   // (put back after); nothing at all on the CPU.
-  if (m.torch_device.is_cpu())
-    return run();
-  const c10::DeviceGuard on_device(m.torch_device);
-  return run();
+  c10::OptionalDeviceGuard on_device;
+  if (!m.torch_device.is_cpu())
+    on_device.reset_device(m.torch_device);
+  if (m.chain)
+    return m.chain->run(op, chunk);
+  switch (op) {
+  case Operation::forward: {
+    auto results = m.run_graph(m.value_graph, chunk);
+    m.put_outputs_in_master_order(results);
+    return results;
+  }
+  case Operation::jacobian: {
+    auto results = m.run_graph(m.jvp_graph, chunk);
+    m.put_outputs_in_master_order(results);
+    const auto n_out = m.output_names.size();
+    for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
+      results[n_out + k] = m.full_block(results[n_out + k], k, chunk.rows);
+    return results;
+  }
+  case Operation::jvp: {
+    auto blocks = m.run_graph(m.jvp_graph, chunk);
+    m.put_outputs_in_master_order(blocks);
+    const auto n_out = m.output_names.size();
+    std::vector<at::Tensor> results(2 * n_out);
+    for (std::size_t o = 0; o < n_out; ++o)
+      results[o] = blocks[o];
+    for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k) {
+      const auto [o, i] = m.jacobian_blocks[k];
+      const auto& tangent = chunk.extras[i];
+      if (!tangent.defined())
+        continue;
+      // block (R, *sub, *out, *in) . tangent (R, *sub, *in) -> (R, *sub, *out): each
+      // sub-batch entry on its own; an output without the sub-batch axes sums over them.
+      const auto& pair = m.segment->jacobian_pairs[k];
+      const auto sub = numel(pair.in_sub_batch_shape), out = numel(pair.out_base_shape),
+                 in = numel(pair.in_base_shape);
+      const auto block = m.full_block(blocks[n_out + k], k, chunk.rows);
+      auto term = at::matmul(block.reshape({pair.batch_independent ? 1 : chunk.rows, sub, out, in}),
+                             tangent.reshape({chunk.rows, sub, in, 1}));
+      const auto& output = blocks[o];
+      const bool output_has_sub =
+          output.dim() > 1 + static_cast<std::int64_t>(pair.out_base_shape.size());
+      term = (output_has_sub ? term : term.sum(1)).reshape(output.sizes());
+      results[n_out + o] = results[n_out + o].defined() ? results[n_out + o] + term : term;
+    }
+    for (std::size_t o = 0; o < n_out; ++o)
+      if (!results[n_out + o].defined())
+        results[n_out + o] = at::zeros_like(blocks[o]);
+    return results;
+  }
+  case Operation::param_jacobian: {
+    auto results = m.run_graph(m.value_graph, chunk);
+    m.put_outputs_in_master_order(results);
+    auto blocks = m.run_graph(m.param_jacobian_graph, chunk);
+    results.insert(results.end(), std::make_move_iterator(blocks.begin()),
+                   std::make_move_iterator(blocks.end()));
+    return results;
+  }
+  case Operation::param_vjp: {
+    auto args = m.graph_args(chunk);
+    for (std::size_t c = 0; c < m.vjp_cotangents.size(); ++c) {
+      if (chunk.extras[c].defined())
+        args.push_back(chunk.extras[c]);
+      else {
+        auto shape = m.output_base_shapes[m.vjp_cotangents[c]];
+        shape.insert(shape.begin(), chunk.rows);
+        args.push_back(at::zeros(shape, at::TensorOptions().dtype(m.dtype).device(m.torch_device)));
+      }
+    }
+    return m.call(m.param_vjp_graph, args);
+  }
+  }
+  throw FatalError("internal: unknown operation");
 }
 
 // ------------------------------------------------------------------ results as maps
