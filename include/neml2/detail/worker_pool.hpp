@@ -12,11 +12,11 @@
 
 #include <c10/core/Device.h>
 
+#include <neml2/detail/call.hpp>
+
 namespace c10 {
 struct Event;
 }
-
-#include <neml2/detail/call.hpp>
 
 namespace neml2::detail {
 
