@@ -860,8 +860,10 @@ Timing time_operation(const Model& model, const Device& device, const TuneOption
   }
 }
 
-// The lane test: one call of batch_rows in chunks at the knee, through the calling thread
-// and through a pool of one lane, alternately; what the lane costs per chunk beyond it.
+// The lane test: calls of batch_rows in chunks at the knee, through the calling thread and
+// then through a pool of one lane, each run back to back as a host runs them (alternating
+// the two hid a slowdown of the lane that only a busy worker shows: J2 in issue 13's
+// bench); what the lane costs per chunk beyond the calling thread.
 double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningChunks& chunks,
                      const std::shared_ptr<const Artifact>& artifact, const DeviceCurve& curve,
                      const TuneOptions& options) {
@@ -872,22 +874,9 @@ double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningC
       artifact, GreedyPriorityCapacity{.devices = {curve.device}, .batch_sizes = {knee}},
       options.dtype);
   *chunks.rows = knee;
-  auto once = options;
-  once.warmup = 0;
-  once.repeats = 1;
-  const auto seconds = [&](const auto& model) {
-    const auto timing = time_operation(model, curve.device, once, inputs, batch);
-    return timing.out_of_memory ? 0.0 : timing.seconds.front();
-  };
-  std::vector<double> direct, lane;
-  for (int k = 0; k < options.warmup + options.repeats; ++k) {
-    const auto d = seconds(chunked), l = seconds(pool);
-    if (k >= options.warmup) {
-      direct.push_back(d);
-      lane.push_back(l);
-    }
-  }
-  return chunk_overhead_from(std::move(direct), std::move(lane), (batch + knee - 1) / knee);
+  const auto direct = time_operation(chunked, curve.device, options, inputs, batch);
+  const auto lane = time_operation(pool, curve.device, options, inputs, batch);
+  return chunk_overhead_from(direct.seconds, lane.seconds, (batch + knee - 1) / knee);
 }
 } // namespace
 

@@ -351,10 +351,10 @@ void call_operation(const Model& model, const std::string& operation,
 [[nodiscard]] int choose_overlap_chunks(const std::vector<std::pair<int, double>>& measured,
                                         double improvement = 0.03);
 
-/// The lane test's verdict: seconds per chunk that a pool's lane added, from alternate
-/// timings of the same call through the calling thread (`direct`) and through the pool
-/// (`lane`), each of `chunks` chunks: the difference of the medians over `chunks`, >= 0
-/// (0 when either list is empty).
+/// The lane test's verdict: seconds per chunk that a pool's lane added, from timings of the
+/// same call through the calling thread (`direct`) and through the pool (`lane`), each of
+/// `chunks` chunks: the difference of the medians over `chunks`, >= 0 (0 when either list
+/// is empty, as for a size that ran out of memory).
 [[nodiscard]] double chunk_overhead_from(std::vector<double> direct, std::vector<double> lane,
                                          std::int64_t chunks);
 
