@@ -9,8 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
 
-#include <neml2/detail/chunking.hpp>
-#include <neml2/detail/worker_pool.hpp>
+#include "chunking.hpp"
+#include "worker_pool.hpp"
 
 #include "result_memory.hpp"
 

@@ -20,7 +20,7 @@
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/library.h>
 
-#include <neml2/detail/chunking.hpp>
+#include "chunking.hpp"
 #include <neml2/detail/graph_calls.hpp>
 #include <neml2/errors.hpp>
 

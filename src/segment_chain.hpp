@@ -15,7 +15,7 @@
 #include <ATen/Tensor.h>
 
 #include <neml2/artifact.hpp>
-#include <neml2/detail/call.hpp>
+#include "call.hpp"
 
 #include "newton.hpp"
 

@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <neml2/detail/chunking.hpp>
-#include <neml2/detail/session_access.hpp>
-#include <neml2/detail/worker_pool.hpp>
+#include "chunking.hpp"
+#include "session_access.hpp"
+#include "worker_pool.hpp"
 #include <neml2/session.hpp>
 
 #include "graph.hpp"
@@ -538,9 +538,9 @@ std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation o
   const auto& m = *s._impl;
   // The chunk's work goes to the compute device whichever device is current on this thread
   // (put back after); nothing at all on the CPU.
-  c10::OptionalDeviceGuard on_device;
+  std::optional<c10::DeviceGuard> on_device;
   if (!m.torch_device.is_cpu())
-    on_device.reset_device(m.torch_device);
+    on_device.emplace(m.torch_device);
   if (m.chain)
     return m.chain->run(op, chunk);
   switch (op) {

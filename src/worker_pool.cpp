@@ -14,8 +14,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
-#include <neml2/detail/chunking.hpp>
-#include <neml2/detail/worker_pool.hpp>
+#include "chunking.hpp"
+#include "worker_pool.hpp"
 
 namespace neml2::detail {
 namespace {

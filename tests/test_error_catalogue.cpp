@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "../src/session_access.hpp" // binding a call, as the engine does
 #include "model_checks.hpp"
 #include "scratch.hpp"
 

@@ -24,6 +24,7 @@
 
 #include <neml2/memory.hpp>
 
+#include "../src/worker_pool.hpp" // WorkerPool::live_threads
 #include "counting_allocator.hpp"
 #include "model_checks.hpp"
 

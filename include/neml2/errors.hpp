@@ -6,15 +6,17 @@
 
 #include <cstdint>
 #include <exception>
-#include <limits>
 #include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
 
-#include <ATen/core/Tensor.h>
+namespace at {
+class Tensor; // declared only: ConvergenceError's tensors are read with ATen's operators
+}
 
 namespace neml2 {
 
@@ -67,43 +69,36 @@ public:
 class ConvergenceError : public Exception {
 public:
   /// The whole-call form: which rows failed is not known.
-  explicit ConvergenceError(const std::string& message)
-      : Exception(message, true) {}
+  explicit ConvergenceError(const std::string& message);
 
   /// Per-row form: `converged` is a `(B,)` bool mask over the call's rows, `results` the
-  /// operation's positional results (detail::ResultSlot order) with the converged rows
-  /// filled, `outputs` the same as the public map of outputs (may be empty inside the
-  /// library, where only positional results are known).
+  /// operation's positional results (in the order the library gathers them) with the
+  /// converged rows filled, `outputs` the same as the public map of outputs (empty inside
+  /// the library, where only positional results are known).
   ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
-                   std::vector<at::Tensor> results, std::map<std::string, at::Tensor> outputs = {})
-      : Exception(message, true)
-      , _converged(std::move(converged))
-      , _worst_residual(worst_residual)
-      , _results(std::move(results))
-      , _outputs(std::move(outputs)) {}
+                   std::vector<at::Tensor> results);
+  /// The same, with the outputs by name.
+  ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
+                   std::vector<at::Tensor> results, std::map<std::string, at::Tensor> outputs);
 
   /// True when the error says which rows failed (see converged_mask()).
-  [[nodiscard]] bool per_row() const noexcept { return _converged.defined(); }
+  [[nodiscard]] bool per_row() const noexcept;
   /// `(B,)` bool: true where the row converged. Undefined when not per_row().
-  [[nodiscard]] const at::Tensor& converged_mask() const noexcept { return _converged; }
+  [[nodiscard]] const at::Tensor& converged_mask() const noexcept;
   /// How many rows did not converge (0 when not per_row()).
-  [[nodiscard]] std::int64_t failed_rows() const {
-    return per_row() ? _converged.numel() - _converged.sum().item<std::int64_t>() : 0;
-  }
-  /// The largest residual norm among the failed rows (NaN when one was not finite).
-  [[nodiscard]] double worst_residual() const noexcept { return _worst_residual; }
+  [[nodiscard]] std::int64_t failed_rows() const;
+  /// The largest residual norm among the failed rows (NaN when one was not finite, or
+  /// when not per_row()).
+  [[nodiscard]] double worst_residual() const noexcept;
   /// The outputs by name: converged rows hold their results, failed rows NaN.
-  [[nodiscard]] const std::map<std::string, at::Tensor>& outputs() const noexcept {
-    return _outputs;
-  }
+  [[nodiscard]] const std::map<std::string, at::Tensor>& outputs() const noexcept;
   /// The operation's results in positional order (for dispatchers that merge chunks).
-  [[nodiscard]] const std::vector<at::Tensor>& results() const noexcept { return _results; }
+  [[nodiscard]] const std::vector<at::Tensor>& results() const noexcept;
 
 private:
-  at::Tensor _converged;
-  double _worst_residual = std::numeric_limits<double>::quiet_NaN();
-  std::vector<at::Tensor> _results;
-  std::map<std::string, at::Tensor> _outputs;
+  struct Rows; // what a per-row error carries (src/errors.cpp); shared by copies
+  [[nodiscard]] const Rows& rows() const noexcept;
+  std::shared_ptr<const Rows> _rows;
 };
 
 /// @brief Several errors at once (concurrent chunks); recoverable only if all are.

@@ -2,7 +2,8 @@
 
 /// @file session.hpp
 /// @brief One device's compiled graphs of one artifact: the thin layer that calls them.
-/// No AOTI header is visible here; the loaders live in src/session.cpp.
+/// No AOTI header is visible here, and at::Tensor is only declared (include ATen to make
+/// and read tensors); the loaders live in src/session.cpp.
 
 #include <map>
 #include <memory>
@@ -10,12 +11,16 @@
 #include <utility>
 #include <vector>
 
-#include <ATen/Tensor.h>
-
 #include <neml2/artifact.hpp>
-#include <neml2/detail/call.hpp>
+
+namespace at {
+class Tensor; // declared only: the calls take and give tensors, made with ATen's operators
+}
 
 namespace neml2 {
+
+/// The operations a compiled model offers.
+enum class Operation { forward, jvp, jacobian, param_jacobian, param_vjp };
 
 namespace detail {
 struct SessionAccess;
@@ -113,7 +118,7 @@ public:
   ///@}
 
 private:
-  friend struct detail::SessionAccess; // the dispatchers' surface: detail/session_access.hpp
+  friend struct detail::SessionAccess; // the dispatchers' surface: src/session_access.hpp
 
   [[nodiscard]] std::vector<at::Tensor> run_whole(Operation op, const TensorMap& inputs,
                                                   const TensorMap& extras) const;

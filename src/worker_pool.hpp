@@ -1,8 +1,7 @@
 #pragma once
 
-/// @file detail/worker_pool.hpp
-/// @brief The threads behind asynchronous policies (compiled in src/worker_pool.cpp, so
-/// no model that stays synchronous pays for them, not even in compile time).
+// The threads behind asynchronous policies (src/worker_pool.cpp), and what orders the
+// calling thread's streams before theirs.
 
 #include <cstddef>
 #include <cstdint>
@@ -12,7 +11,7 @@
 
 #include <c10/core/Device.h>
 
-#include <neml2/detail/call.hpp>
+#include "call.hpp"
 
 namespace c10 {
 struct Event;

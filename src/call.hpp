@@ -1,8 +1,7 @@
 #pragma once
 
-/// @file detail/call.hpp
-/// @brief A call in positional form, and how each result gathers across chunks. Shared by
-/// the session (which produces and consumes them) and the dispatchers (which chunk them).
+// A call in positional form, and how each result gathers across chunks. Shared by
+// the session (which produces and consumes them) and the dispatchers (which chunk them).
 
 #include <cstdint>
 #include <string>
@@ -11,13 +10,9 @@
 #include <ATen/Tensor.h>
 
 #include <neml2/artifact.hpp>
+#include <neml2/session.hpp>
 
-namespace neml2 {
-
-/// The operations a compiled model offers.
-enum class Operation { forward, jvp, jacobian, param_jacobian, param_vjp };
-
-namespace detail {
+namespace neml2::detail {
 
 /// One chunk's arguments: every tensor `(rows, *trailing)`, contiguous, on the compute
 /// device (undefined extras stay undefined).
@@ -64,5 +59,4 @@ struct Destinations {
   std::vector<std::string> labels;
 };
 
-} // namespace detail
-} // namespace neml2
+} // namespace neml2::detail

@@ -1,10 +1,7 @@
 #pragma once
 
-/// @file detail/chunking.hpp
-/// @brief Cutting a bound call into row chunks on a compute device, and gathering the
-/// chunk results into preallocated outputs on the input device. Declarations only: the
-/// machinery is compiled once, in src/chunking.cpp, so that a translation unit including
-/// the public headers sees ATen's Tensor class and nothing of ATen's operators.
+// Cutting a bound call into row chunks on a compute device, and gathering the chunk
+// results into preallocated outputs on the input device (src/chunking.cpp).
 
 #include <cstdint>
 #include <map>
@@ -12,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include <neml2/detail/call.hpp>
+#include "call.hpp"
 #include <neml2/errors.hpp>
 
 namespace neml2::detail {

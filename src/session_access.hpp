@@ -1,14 +1,13 @@
 #pragma once
 
-/// @file detail/session_access.hpp
-/// @brief What dispatchers need of a Session beyond its public surface: a call bound once,
-/// then run chunk by chunk, and its positional results turned into the public maps.
+// What dispatchers need of a Session beyond its public surface: a call bound once,
+// then run chunk by chunk, and its positional results turned into the public maps.
 
 #include <optional>
 #include <utility>
 #include <vector>
 
-#include <neml2/detail/call.hpp>
+#include "call.hpp"
 #include <neml2/session.hpp>
 
 namespace neml2::detail {
