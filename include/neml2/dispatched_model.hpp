@@ -245,8 +245,8 @@ private:
 /// @brief A call bound once to input names (see AnyDispatchedModel::prepare).
 /// @code
 /// const auto step = model.prepare({"strain"});
-/// auto stress = at::empty({batch, 6}, at::kDouble);
-/// for (...) step.forward_into({strain}, {stress});   // same results as forward()
+/// const std::vector<at::Tensor> in{strain}, out{at::empty({batch, 6}, at::kDouble)};
+/// for (...) step.forward_into(in, out);   // the same results as forward()
 /// @endcode
 ///
 /// Thread safety: as the model it refers to; it must not outlive the model's engine (a
