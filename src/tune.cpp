@@ -866,7 +866,7 @@ Timing time_operation(const Model& model, const Device& device, const TuneOption
 // bench); what the lane costs per chunk beyond the calling thread.
 double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningChunks& chunks,
                      const std::shared_ptr<const Artifact>& artifact, const DeviceCurve& curve,
-                     const TuneOptions& options) {
+                     const TuneOptions& options, std::size_t d) {
   const auto knee = curve.knee().rows;
   const auto batch = std::max(options.batch_rows, knee);
   const auto inputs = tune_inputs(*artifact, options.inputs, batch, curve.device, options.dtype);
@@ -876,7 +876,10 @@ double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningC
   *chunks.rows = knee;
   const auto direct = time_operation(chunked, curve.device, options, inputs, batch);
   const auto lane = time_operation(pool, curve.device, options, inputs, batch);
-  return chunk_overhead_from(direct.seconds, lane.seconds, (batch + knee - 1) / knee);
+  const auto per_call = (batch + knee - 1) / knee;
+  if (options.on_lane_test)
+    options.on_lane_test(d, direct, lane, per_call);
+  return chunk_overhead_from(direct.seconds, lane.seconds, per_call);
 }
 } // namespace
 
@@ -959,7 +962,7 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
       curve.overlap_chunks = choose_overlap_chunks(measured, options.sweep.improvement);
     }
     if (options.lane_test)
-      curve.chunk_overhead = lane_overhead(chunked, chunks, shared, curve, options);
+      curve.chunk_overhead = lane_overhead(chunked, chunks, shared, curve, options, d);
     result.devices.push_back(std::move(curve));
   }
   return result;

@@ -551,6 +551,38 @@ TEST_CASE("the default generated inputs keep every implicit model of the reposit
   }
 }
 
+TEST_CASE("the lane test runs once per device, and its timings make chunk_overhead") {
+  const auto artifact = elasticity();
+  int lane_tests = 0;
+  std::vector<double> direct, lane;
+  std::int64_t chunks = 0;
+  TuneOptions options{.sweep = {.max_rows = 16, .refine_rounds = 0, .budget_seconds = 5},
+                      .repeats = 3,
+                      .batch_rows = 64,
+                      .max_chunks = 64,
+                      .on_lane_test = [&](std::size_t d, const Timing& through_caller,
+                                          const Timing& through_pool, std::int64_t per_call) {
+                        CHECK(d == 0);
+                        ++lane_tests;
+                        direct = through_caller.seconds;
+                        lane = through_pool.seconds;
+                        chunks = per_call;
+                      }};
+  const auto r = tune(artifact, {"cpu"}, options, "elasticity");
+  REQUIRE(lane_tests == 1);
+  CHECK(direct.size() == 3);
+  CHECK(lane.size() == 3);
+  // Calls of 64 rows in chunks at the knee (at most 16 rows): at least 4 chunks each.
+  CHECK(chunks == (64 + r.devices[0].knee().rows - 1) / r.devices[0].knee().rows);
+  CHECK(chunks >= 4);
+  CHECK(r.devices[0].chunk_overhead == chunk_overhead_from(direct, lane, chunks));
+
+  options.lane_test = false;
+  lane_tests = 0;
+  CHECK(tune(artifact, {"cpu"}, options).devices[0].chunk_overhead == 0);
+  CHECK(lane_tests == 0);
+}
+
 TEST_CASE("tune() on a real model: a table whose keys match this machine") {
   const auto artifact = elasticity();
   std::vector<std::int64_t> seen;

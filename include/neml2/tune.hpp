@@ -322,6 +322,10 @@ struct TuneOptions {
   bool lane_test = true;
   /// Called after each point (device index, point, the device's sweep).
   std::function<void(std::size_t, const TunePoint&, const Sweep&)> on_point = {};
+  /// Called after each device's lane test (device index, the calls through the calling
+  /// thread, the same calls through the pool, chunks per call): what chunk_overhead was
+  /// made from (chunk_overhead_from).
+  std::function<void(std::size_t, const Timing&, const Timing&, std::int64_t)> on_lane_test = {};
 };
 
 /// Times `call`: `warmup` calls, then `repeats` timed ones, each waiting for the device's
