@@ -1,4 +1,4 @@
-// Chunking a bound call and gathering its chunks' results (see detail/chunking.hpp).
+// Chunking a bound call and gathering its chunks' results (see chunking.hpp).
 
 #include <bit>
 #include <cmath>
