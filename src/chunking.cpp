@@ -19,11 +19,13 @@ namespace {
 // `to.copy_(from)`; between dense CPU tensors of one shape and dtype, one memcpy on this
 // thread: torch's copy costs a dispatch, and above 32768 elements an OpenMP team, which
 // on a thread other than the one that made the team waits for it (see performance.md).
+// Nothing when `from` is `to` already (it landed in place: see Landing).
 void copy_rows(const at::Tensor& to, const at::Tensor& from) {
   if (to.is_cpu() && from.is_cpu() && to.scalar_type() == from.scalar_type() &&
-      to.sizes() == from.sizes() && to.is_contiguous() && from.is_contiguous())
-    std::memcpy(to.data_ptr(), from.const_data_ptr(), to.nbytes());
-  else
+      to.sizes() == from.sizes() && to.is_contiguous() && from.is_contiguous()) {
+    if (to.data_ptr() != from.const_data_ptr())
+      std::memcpy(to.data_ptr(), from.const_data_ptr(), to.nbytes());
+  } else
     to.copy_(from);
 }
 } // namespace
@@ -117,6 +119,16 @@ std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype) {
   const auto rows = std::clamp(piece_bytes / row_bytes, min_piece_rows, max_piece_rows);
   const auto piece = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(rows)));
   return call.batch > piece ? piece : 0;
+}
+
+std::vector<at::Tensor> places(const BoundCall& call, const std::vector<at::Tensor>& results,
+                               std::int64_t first, std::int64_t rows) {
+  std::vector<at::Tensor> at(results.size());
+  if (call.device.is_cpu())
+    for (std::size_t i = 0; i < results.size(); ++i)
+      if (call.slots()[i].gather == Gather::rows)
+        at[i] = results[i].narrow(0, first, rows);
+  return at;
 }
 
 std::string shape_text(c10::IntArrayRef shape) {

@@ -46,6 +46,14 @@ inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
 /// device, or when the batch is no larger than one piece.
 [[nodiscard]] std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype);
 
+/// Where a chunk's results will be written: rows [first, first + rows) of each of
+/// `results` (a call's outputs, slot order) gathered by rows; undefined for the other
+/// slots, and for all of them off the CPU. A chunk run on the CPU may compute them in
+/// place (see SessionAccess::run).
+[[nodiscard]] std::vector<at::Tensor> places(const BoundCall& call,
+                                             const std::vector<at::Tensor>& results,
+                                             std::int64_t first, std::int64_t rows);
+
 /// "[2, 6]": a shape for error messages.
 [[nodiscard]] std::string shape_text(c10::IntArrayRef shape);
 
@@ -72,6 +80,11 @@ public:
   /// The results of chunk `index`, rows [first, first + rows), in slot order.
   void add(std::size_t index, std::int64_t first, std::int64_t rows,
            const std::vector<at::Tensor>& chunk);
+
+  /// Where chunk rows [first, first + rows) will be written (see places()).
+  [[nodiscard]] std::vector<at::Tensor> places(std::int64_t first, std::int64_t rows) const {
+    return detail::places(_call, _results, first, rows);
+  }
 
   /// A chunk whose solve failed in some rows: its results (converged rows filled) and
   /// which rows converged.

@@ -186,7 +186,9 @@ struct AnyDispatchedModel::Impl {
     try {
       if (_before_chunk)
         _before_chunk(event(0, d, 0, call.batch, 0));
-      results = Access::run(_sessions[d], op, chunk);
+      results = Access::run(_sessions[d], op, chunk,
+                            targets.empty() ? std::vector<at::Tensor>{}
+                                            : detail::places(call, targets, 0, call.batch));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;
@@ -210,7 +212,8 @@ struct AnyDispatchedModel::Impl {
       const auto rows = std::min(piece, call.batch - first);
       detail::take_rows(call, first, rows, _compute[d], chunk);
       try {
-        results.add(index, first, rows, Access::run(_sessions[d], op, chunk));
+        results.add(index, first, rows,
+                    Access::run(_sessions[d], op, chunk, results.places(first, rows)));
       } catch (const ConvergenceError& e) {
         if (!e.per_row())
           throw;
@@ -232,7 +235,10 @@ struct AnyDispatchedModel::Impl {
     try {
       if (_before_chunk)
         _before_chunk(event(index, d, first, rows, 0));
-      results.add(index, first, rows, Access::run(_sessions[d], op, chunk));
+      results.add(index, first, rows,
+                  Access::run(_sessions[d], op, chunk,
+                              device.is_cpu() ? results.places(first, rows)
+                                              : std::vector<at::Tensor>{}));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;

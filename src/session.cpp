@@ -8,6 +8,7 @@
 #include <fmt/ranges.h>
 
 #include "chunking.hpp"
+#include "result_memory.hpp"
 #include "session_access.hpp"
 #include "worker_pool.hpp"
 #include <neml2/session.hpp>
@@ -75,6 +76,9 @@ struct Session::Impl {
 
   bool outputs_in_master_order = true;  // the value graph returns outputs in master order
   bool graph_takes_inputs_as_is = true; // no reordering, no parameters
+
+  // Runs `op` of a model without a solve (SessionAccess::run).
+  std::vector<at::Tensor> run_explicit(Operation op, detail::ChunkArgs& chunk) const;
 
   // Runs a graph that takes the structural inputs then the parameters.
   std::vector<at::Tensor> run_graph(const Graph& graph, detail::ChunkArgs& chunk) const {
@@ -534,7 +538,8 @@ detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
 // ------------------------------------------------------------------ running a chunk
 
 std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation op,
-                                                   detail::ChunkArgs& chunk) {
+                                                   detail::ChunkArgs& chunk,
+                                                   std::span<const at::Tensor> places) {
   const auto& m = *s._impl;
   // The chunk's work goes to the compute device whichever device is current on this thread
   // (put back after); nothing at all on the CPU.
@@ -543,6 +548,18 @@ std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation o
     on_device.emplace(m.torch_device);
   if (m.chain)
     return m.chain->run(op, chunk);
+  if (places.empty() || !m.torch_device.is_cpu())
+    return m.run_explicit(op, chunk);
+  // An explicit model's graphs keep nothing past the call, so their results may land in
+  // place (a solve's state would outlive the memory it was given).
+  detail::Landing landing(places, {&chunk.inputs, &chunk.params, &chunk.extras});
+  auto results = m.run_explicit(op, chunk);
+  landing.settle(results);
+  return results;
+}
+
+std::vector<at::Tensor> Session::Impl::run_explicit(Operation op, detail::ChunkArgs& chunk) const {
+  const auto& m = *this;
   switch (op) {
   case Operation::forward: {
     auto results = m.run_graph(m.value_graph, chunk);

@@ -4,6 +4,7 @@
 // then run chunk by chunk, and its positional results turned into the public maps.
 
 #include <optional>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -25,9 +26,12 @@ struct SessionAccess {
                                       std::vector<at::Tensor> inputs, const TensorMap& extras,
                                       const TensorMap& params,
                                       std::optional<c10::Device> required_device);
-  /// Runs `op` on one chunk (see ChunkArgs); results in slot order.
+  /// Runs `op` on one chunk (see ChunkArgs); results in slot order. `places`: where each
+  /// result will be written (slot order; undefined: not by rows), which a result of an
+  /// explicit model on the CPU may be computed in directly (see Landing).
   [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op,
-                                                   ChunkArgs& chunk);
+                                                   ChunkArgs& chunk,
+                                                   std::span<const at::Tensor> places = {});
   /// The positional results of each operation as the public maps.
   [[nodiscard]] static TensorMap forward_result(const Session& s,
                                                 std::vector<at::Tensor>&& results);

@@ -2,6 +2,9 @@
 // operation, policy and chunk size, through strided and offset views; refused cleanly when
 // a tensor does not fit, with the caller's data untouched.
 
+#include <thread>
+
+#include "../src/result_memory.hpp"
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -20,19 +23,37 @@ at::Tensor strided_like(const at::Tensor& t, double fill = 42) {
   return at::full(sizes, fill, t.options()).narrow(0, 2, t.size(1)).transpose(0, 1);
 }
 
-TensorMap like(const TensorMap& results) {
+// Each tensor replaced by make(tensor), the same keys.
+template <class Make>
+TensorMap each(const TensorMap& tensors, Make make) {
   TensorMap out;
-  for (const auto& [name, t] : results)
-    out[name] = strided_like(t);
+  for (const auto& [name, t] : tensors)
+    out[name] = make(t);
   return out;
 }
 
-VariablePairJacobian like(const VariablePairJacobian& blocks) {
+template <class Make>
+VariablePairJacobian each(const VariablePairJacobian& blocks, Make make) {
   VariablePairJacobian out;
   for (const auto& [o, row] : blocks)
-    out[o] = like(row);
+    out[o] = each(row, make);
   return out;
 }
+
+// Strided tensors of the same shapes (see strided_like).
+template <class Tensors>
+Tensors like(const Tensors& results) {
+  return each(results, [](const at::Tensor& t) { return strided_like(t); });
+}
+
+// Dense tensors of the same shapes, filled with a sentinel: results may land in them.
+template <class Tensors>
+Tensors dense_like(const Tensors& results) {
+  return each(results,
+              [](const at::Tensor& t) { return at::full_like(t, 42, at::MemoryFormat::Contiguous); });
+}
+
+std::size_t landed() { return neml2::detail::Landing::landed_on_this_thread(); }
 
 // An operation's values and blocks against the same written into strided tensors by
 // `into(values, blocks)`.
@@ -227,4 +248,133 @@ TEST_CASE("into the caller's tensors through a composed (implicit) model") {
   const auto [values, P] = m.param_jacobian(in);
   REQUIRE_FALSE(P.empty());
   check_blocks_into(values, P, [&](auto& v, auto& b) { m.param_jacobian_into(in, v, b); });
+}
+
+// ------------------------------------------------------------------ results in place
+
+TEST_CASE("a landing hands its targets to this thread's allocations of their size, once each") {
+  const auto target = at::empty({4, 6}, at::kDouble);
+  const auto other = at::empty({2, 6}, at::kDouble);
+  const auto before = landed();
+  {
+    neml2::detail::Landing landing(std::vector<at::Tensor>{target, other}, {});
+    std::thread([&] { // another thread allocates as before
+      CHECK(at::empty({4, 6}, at::kDouble).data_ptr() != target.data_ptr());
+    }).join();
+    const auto a = at::empty({4, 6}, at::kDouble);
+    const auto b = at::empty({4, 6}, at::kDouble);
+    const auto c = at::empty({2, 6}, at::kDouble);
+    CHECK(a.data_ptr() == target.data_ptr());
+    CHECK(b.data_ptr() != target.data_ptr()); // each target once
+    CHECK(c.data_ptr() == other.data_ptr());
+    std::vector<at::Tensor> results = {a, c};
+    landing.settle(results);
+    CHECK(results[0].data_ptr() == target.data_ptr()); // exactly its own: stays
+    CHECK(results[1].data_ptr() == other.data_ptr());
+    CHECK(at::empty({2, 6}, at::kDouble).data_ptr() != other.data_ptr()); // settled: over
+  }
+  CHECK(landed() == before + 2);
+}
+
+TEST_CASE("a landing refuses targets it must not write, and settles results out of others' "
+          "targets") {
+  const auto t0 = at::empty({4, 6}, at::kDouble), t1 = at::empty({4, 6}, at::kDouble);
+  SUBCASE("a target the run reads, one that overlaps an earlier target, or misaligned") {
+    const auto buffer = at::empty({25}, at::kDouble);
+    const std::vector<at::Tensor> reads = {t1};
+    neml2::detail::Landing landing(std::vector<at::Tensor>{t0, t0, t1, buffer.narrow(0, 1, 24)},
+                            {&reads});
+    CHECK(at::empty({4, 6}, at::kDouble).data_ptr() == t0.data_ptr());
+    for (int i = 0; i < 3; ++i) { // the second t0, t1 (read) and the misaligned slice
+      const auto x = at::empty({4, 6}, at::kDouble);
+      CHECK(x.data_ptr() != t0.data_ptr());
+      CHECK(x.data_ptr() != t1.data_ptr());
+      CHECK(x.data_ptr() != buffer.narrow(0, 1, 24).data_ptr());
+    }
+  }
+  SUBCASE("results in each other's targets are copied out before either is written") {
+    neml2::detail::Landing landing(std::vector<at::Tensor>{t0, t1}, {});
+    auto x = at::empty({4, 6}, at::kDouble), y = at::empty({4, 6}, at::kDouble);
+    REQUIRE(x.data_ptr() == t0.data_ptr());
+    REQUIRE(y.data_ptr() == t1.data_ptr());
+    x.fill_(1);
+    y.fill_(2);
+    std::vector<at::Tensor> results = {y, x.narrow(0, 1, 2)}; // swapped; a view
+    landing.settle(results);
+    for (const auto& r : results) {
+      CHECK(r.data_ptr() != t0.data_ptr());
+      CHECK(r.data_ptr() != t1.data_ptr());
+    }
+    t0.fill_(-1); // what writing the results into their targets would do
+    t1.fill_(-1);
+    CHECK(at::equal(results[0], at::full({4, 6}, 2.0, at::kDouble)));
+    CHECK(at::equal(results[1], at::full({2, 6}, 1.0, at::kDouble)));
+  }
+}
+
+TEST_CASE("results land in the caller's dense tensors and in kept memory: every operation, "
+          "the same values") {
+  const auto stub = test::stub("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  const Session session(
+      std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(stub, "elasticity"))),
+      "cpu");
+  const TensorMap in = ref.group("b33/in"); // 33 rows
+  const auto tangents = ref.group("b33/tangent"), cotangents = ref.group("b33/cot");
+  // chunk rows -> graph calls whose results can land: chunks of 1 row are padded to 2.
+  for (const auto& [rows, chunks] : {std::pair{0, 1}, {4, 8}, {16, 2}}) {
+    CAPTURE(rows);
+    const auto m = load_model(stub, "elasticity", SyncChunking{.batch_size = rows});
+    const auto expected = session.forward(in);
+    test::check_close(expected, ref.group("b33/out"), "forward", 1e-12);
+
+    auto outputs = dense_like(expected);
+    auto before = landed();
+    m.forward_into(in, outputs);
+    CHECK(landed() - before == static_cast<std::size_t>(chunks));
+    CHECK(test::identical(outputs, expected));
+    before = landed();
+    const auto allocated = m.forward(in); // chunked: into kept memory; whole: the graph's own
+    CHECK(landed() - before == static_cast<std::size_t>(rows == 0 ? 0 : chunks));
+    CHECK(test::identical(allocated, expected));
+
+    const auto [out, J] = session.jacobian(in);
+    auto values = dense_like(out);
+    auto blocks = dense_like(J);
+    before = landed();
+    m.jacobian_into(in, values, blocks);
+    CHECK(landed() > before);
+    CHECK(test::identical(values, out));
+    for (const auto& [o, row] : J)
+      CHECK(test::identical(blocks.at(o), row));
+
+    const auto [jvp_out, jvp_tangents] = session.jvp(in, tangents);
+    auto jvp_values = dense_like(jvp_out), jvp_into = dense_like(jvp_tangents);
+    m.jvp_into(in, tangents, jvp_values, jvp_into);
+    CHECK(test::identical(jvp_values, jvp_out));
+    CHECK(test::identical(jvp_into, jvp_tangents));
+
+    const auto [p_out, P] = session.param_jacobian(in);
+    auto p_values = dense_like(p_out);
+    auto p_blocks = dense_like(P);
+    m.param_jacobian_into(in, p_values, p_blocks);
+    CHECK(test::identical(p_values, p_out));
+    for (const auto& [o, row] : P)
+      CHECK(test::identical(p_blocks.at(o), row));
+
+    auto grads = dense_like(session.param_vjp(in, cotangents));
+    m.param_vjp_into(in, cotangents, grads); // summed over chunks: in another order
+    test::check_close(grads, session.param_vjp(in, cotangents), "param_vjp", 1e-13);
+  }
+}
+
+TEST_CASE("an output that is also the input is not landed in: the call reads what it was given") {
+  const test::Reference ref("elasticity");
+  const auto m = load_model(test::stub("elasticity", "elasticity"), "elasticity", SyncChunking{});
+  const auto strain = ref["b33/in/strain"].clone();
+  const auto expected = m.forward({{"strain", strain}}).at("stress");
+  const auto before = landed();
+  m.forward_into({{"strain", strain}}, {{"stress", strain}});
+  CHECK(landed() == before);
+  CHECK(at::equal(strain, expected));
 }
