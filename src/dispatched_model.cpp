@@ -8,8 +8,10 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <exception>
 #include <mutex>
+#include <optional>
 
 #include <ATen/ATen.h>
 
@@ -55,8 +57,13 @@ struct Progress {
   std::int64_t first = 0;                  // the next row to dispatch
   std::size_t index = 0;                   // the next chunk's number
   std::size_t in_flight = 0;
+  struct Chunk {
+    std::int64_t first, rows;
+    std::size_t index;
+  };
+  std::deque<Chunk> here; // dispatched to the lane the calling thread serves, not yet run
   std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
-  std::condition_variable finished; // the calling thread sleeps here
+  std::condition_variable finished; // the calling thread sleeps here (or runs `here`)
   [[nodiscard]] bool done() const {
     return in_flight == 0 && (first == call.batch || !errors.empty());
   }
@@ -71,6 +78,7 @@ struct Engine {
   std::mutex mutex;
   std::vector<std::int64_t> rows_in_flight; // per device
   std::vector<Progress*> waiting_for_room;  // calls the policy told to wait
+  std::mutex here_lane;                     // held by the thread running a chunk there
   detail::WorkerPool pool;                  // last: joined before the rest goes
 };
 } // namespace
@@ -91,9 +99,13 @@ struct AnyDispatchedModel::Impl {
       _compute.push_back(_sessions.back().device().torch());
     }
     if (_asynchronous) {
+      const auto cpu = std::find_if(_compute.begin(), _compute.end(),
+                                    [](const c10::Device& d) { return d.is_cpu(); });
+      if (cpu != _compute.end())
+        _here = static_cast<std::size_t>(cpu - _compute.begin());
       std::vector<detail::WorkerPool::Lane> lanes;
       for (std::size_t d = 0; d < _listed.size(); ++d)
-        lanes.push_back({_compute[d], chunks_in_flight(d)});
+        lanes.push_back({_compute[d], d == _here ? 0 : chunks_in_flight(d)});
       _engine = std::make_unique<Engine>(_listed.size(), lanes);
     } else
       (void)session_of(_policy->compute_device()); // a device it does not list fails now
@@ -300,13 +312,33 @@ struct AnyDispatchedModel::Impl {
       lock.lock();
     } else if (!progress.results && progress.errors.empty())
       start_on_pool(progress); // the policy made it wait: started here, not on a worker
-    progress.finished.wait(lock, [&] { return progress.done(); });
+    run_here(progress, lock);
     std::erase(engine.waiting_for_room, &progress);
     lock.unlock();
     rethrow(progress.errors);
     if (!progress.results)
       return direct;
     return std::move(*progress.results).finish(); // on this thread: its stream owns them
+  }
+
+  // The calling thread, until its call is done: runs the call's chunks on the lane it
+  // serves, one at a time across calls (Engine::mutex held on entry and exit).
+  void run_here(Progress& p, std::unique_lock<std::mutex>& lock) const {
+    for (;;) {
+      p.finished.wait(lock, [&] { return p.done() || !p.here.empty(); });
+      if (p.here.empty())
+        return;
+      const auto chunk = p.here.front();
+      p.here.pop_front();
+      lock.unlock();
+      {
+        const std::lock_guard lane(_engine->here_lane);
+        complete(*_here, chunk.first, chunk.rows, chunk.index, p, [&] {
+          run_chunk(p.op, p.call, *p.results, *_here, chunk.first, chunk.rows, chunk.index);
+        });
+      }
+      lock.lock();
+    }
   }
 
   // A call's first chunk for the pool (on the calling thread, Engine::mutex held): where its
@@ -360,6 +392,11 @@ struct AnyDispatchedModel::Impl {
         try {
           if (!p.results) // only on the calling thread: dispatch_async starts the others
             start_on_pool(p);
+          if (d == _here) {
+            p.here.push_back({first, n, index});
+            p.finished.notify_one(); // the calling thread runs it
+            continue;
+          }
           engine.pool.submit(d, [this, &p, d, n, first, index] {
             complete(d, first, n, index, p, [&] {
               p.caller.wait(); // after what the caller queued: its inputs, readers of outputs
@@ -447,6 +484,10 @@ struct AnyDispatchedModel::Impl {
   ChunkObserver _observer;           // empty: nothing timed, nothing called
   ChunkHook _before_chunk;           // tests inject faults here (detail::ModelAccess)
   std::unique_ptr<Engine> _engine;   // asynchronous policies only
+  // The first CPU device of an asynchronous policy: its chunks run on the thread that made
+  // the call, while it waits (no worker: a worker's OpenMP team would be a second one,
+  // and libgomp stops spinning once it manages more threads than there are cores).
+  std::optional<std::size_t> _here;
 };
 
 // ------------------------------------------------------------------ AnyDispatchedModel

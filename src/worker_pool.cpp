@@ -65,7 +65,7 @@ WorkerPool::WorkerPool(const std::vector<Lane>& lanes)
   for (const auto& spec : lanes) {
     auto lane = std::make_unique<LaneQueue>();
     lane->device = spec.device;
-    for (std::size_t w = 0; w < std::max<std::size_t>(spec.workers, 1); ++w) {
+    for (std::size_t w = 0; w < spec.workers; ++w) {
       _impl->threads.emplace_back(serve, std::ref(*lane));
       ++live_workers;
     }

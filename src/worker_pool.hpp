@@ -21,7 +21,8 @@ namespace neml2::detail {
 
 /// @brief One lane per device, each a FIFO queue served by its own worker threads.
 /// A worker on an accelerator holds a device guard and a stream of its own for life, so
-/// a lane with several workers keeps that many chunks in flight on its device.
+/// a lane with several workers keeps that many chunks in flight on its device. A lane
+/// with none is served by the threads that make calls, and takes no task.
 class WorkerPool {
 public:
   struct Lane {
