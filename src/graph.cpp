@@ -493,7 +493,7 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
       padded[i] = args[i];
       continue;
     }
-    auto sizes = args[i].sizes().vec();
+    c10::DimVector sizes(args[i].sizes());
     sizes[0] = _min_rows;
     if (rows == 0)
       padded[i] = at::zeros(sizes, args[i].options());
@@ -519,7 +519,7 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
     if (r.dim() > 0 && r.size(0) == _min_rows) {
       // The graph's own fresh result, cut to the rows asked for in place (strides kept):
       // what narrow() gives without a dispatch.
-      auto sizes = r.sizes().vec();
+      c10::DimVector sizes(r.sizes());
       sizes[0] = rows;
       r.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, r.strides());
     }
