@@ -11,6 +11,10 @@
 // and with substepping (max_substepping_level = 3), NAME/BATCH/SUBSTEPPED_PERCENT: what
 // substepping costs the rows that converge in one step (0 %), and with a few rows that
 // need three spans (10 %).
+//
+// `pool_sync` / `pool_greedy`, NAME/BATCH/CHUNK, all rows plastic: SyncChunking against
+// GreedyPriorityCapacity on the CPU alone at the same chunk size (the pool's CPU lane
+// against the calling thread, on a model whose Newton runs many small torch operations).
 
 #include <algorithm>
 #include <filesystem>
@@ -45,13 +49,17 @@ std::map<std::string, at::Tensor> inputs(std::int64_t batch, std::int64_t percen
 // forward() on the case's inputs, after a few calls that are not measured: the first calls
 // of a graph are slow (lazy initialization in the runtime).
 template <class Model>
-void measure(benchmark::State& state, Model& model) {
-  const auto x = inputs(state.range(0), state.range(1));
+void measure(benchmark::State& state, Model& model, std::int64_t percent) {
+  const auto x = inputs(state.range(0), percent);
   for (int i = 0; i < 5; ++i)
     benchmark::DoNotOptimize(model.forward(x));
   for (auto _ : state)
     benchmark::DoNotOptimize(model.forward(x));
   state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+template <class Model>
+void measure(benchmark::State& state, Model& model) {
+  measure(state, model, state.range(1));
 }
 
 void neml2_runtime(benchmark::State& state) {
@@ -173,6 +181,22 @@ void thresholds(benchmark::internal::Benchmark* b) {
 
 } // namespace
 
+void pool_sync(benchmark::State& state) {
+  auto model = neml2::load_model(stub, "model",
+                                 neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)});
+  measure(state, model, 100);
+}
+void pool_greedy(benchmark::State& state) {
+  auto model = neml2::load_model(
+      stub, "model",
+      neml2::GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {state.range(1)}});
+  measure(state, model, 100);
+}
+void pool_chunks(benchmark::internal::Benchmark* b) {
+  for (const std::int64_t chunk : {1 << 12, 1 << 14, 1 << 16})
+    b->Args({1 << 17, chunk});
+}
+
 BENCHMARK(neml2_runtime)->Apply(versus)->UseRealTime();
 BENCHMARK(dispatched)->Apply(versus)->UseRealTime();
 BENCHMARK(dispatched)->Apply(thresholds)->UseRealTime();
@@ -180,6 +204,8 @@ BENCHMARK(compact_never)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_always)->Apply(thresholds)->UseRealTime();
 BENCHMARK(scalar_plain)->Apply(substep_cases)->UseRealTime();
 BENCHMARK(scalar_substepping)->Apply(substep_cases)->UseRealTime();
+BENCHMARK(pool_sync)->Apply(pool_chunks)->UseRealTime();
+BENCHMARK(pool_greedy)->Apply(pool_chunks)->UseRealTime();
 // J2 on cuda:0 against NEML2's runtime where a GPU and the artifact's cuda graphs exist
 // (scripts/gpu-check.sh compiles them); registered at start-up, as BENCHMARK does.
 const bool gpu_benchmarks = [] {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstring>
 #include <mutex>
+#include <new>
 #include <vector>
 
 #include <ATen/EmptyTensor.h>
@@ -144,9 +145,13 @@ private:
 
 // Installed when the library loads, over whatever CPU allocator torch has then (at the
 // lowest priority: an allocator the host sets later replaces it, and results are then
-// copied as before). Never destroyed: tensors may be allocated after main() returns.
+// copied as before). Built in static storage and never destroyed: tensors may be
+// allocated after main() returns (and nothing on the heap to report as leaked once
+// another allocator has replaced it).
+alignas(LandingAllocator) unsigned char landing_storage[sizeof(LandingAllocator)];
 [[maybe_unused]] const bool landing_installed = [] {
-  c10::SetCPUAllocator(new LandingAllocator(c10::GetCPUAllocator()), /*priority=*/0);
+  c10::SetCPUAllocator(new (landing_storage) LandingAllocator(c10::GetCPUAllocator()),
+                       /*priority=*/0);
   return true;
 }();
 

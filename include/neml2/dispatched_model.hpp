@@ -113,7 +113,8 @@ struct ModelAccess {
 /// input device, the session is called directly: no slicing, no copy, no thread.
 ///
 /// A synchronous policy runs on the calling thread and costs no thread, queue or lock.
-/// An asynchronous one runs chunks on a worker per device; several host threads may call
+/// An asynchronous one runs chunks on a worker per accelerator, and its CPU chunks on the
+/// calling thread while it waits (its own OpenMP team); several host threads may call
 /// one model at once: each call gets its own results, and the devices' loads and the
 /// policy's state are shared by all calls (one model-wide lock).
 ///

@@ -9,6 +9,13 @@
 /// valid for as long as the caller keeps it, and no block a caller holds is handed out
 /// again. Thread-safe. What is kept, waiting for reuse, is bounded by a byte limit; the
 /// blocks released longest ago are freed first.
+///
+/// Results are computed in place: a compiled graph of a model without a solve, run on the
+/// CPU, writes a chunk's results straight into their rows of the call's outputs (kept
+/// memory, or the caller's dense tensors for the `_into` calls) instead of memory of its
+/// own that is then copied. For this the library wraps torch's CPU allocator when it
+/// loads (at the lowest priority, over whatever allocator is set then); an allocator a
+/// host sets later replaces it, and results are then copied as before.
 /// @code
 /// neml2::set_result_memory_limit(std::size_t(2) << 30); // keep up to 2 GiB
 /// neml2::set_result_memory_limit(0);                    // keep nothing (allocate per call)

@@ -29,8 +29,8 @@ struct ChunkEvent {
   double seconds = 0;           ///< from taking the rows to the results in place
 };
 
-/// Called once per chunk. With an asynchronous policy, from worker threads, serialized by
-/// the model's lock; with a synchronous one, on the calling thread (so concurrently when
+/// Called once per chunk. With an asynchronous policy, from worker threads and from the
+/// calling thread (which runs the CPU's chunks), serialized by the model's lock; with a synchronous one, on the calling thread (so concurrently when
 /// several threads call one model: guard what the observer writes).
 using ChunkObserver = std::function<void(const ChunkEvent&)>;
 

@@ -160,7 +160,8 @@ template <class P>
 concept SynchronousPolicy = detail::copyable_value<P> && detail::is_synchronous<P> &&
     detail::lists_devices<P> && detail::has_compute_device<P> && detail::has_chunk_rows<P>;
 
-/// A policy whose chunks run on a worker per device, concurrently.
+/// A policy whose chunks run concurrently: on a worker per accelerator, and the CPU's on
+/// the calling thread.
 template <class P>
 concept AsynchronousPolicy = detail::copyable_value<P> && detail::is_asynchronous<P> &&
     detail::lists_devices<P> && detail::has_usable_state<P> && detail::has_next_chunk<P> &&
@@ -170,7 +171,7 @@ concept AsynchronousPolicy = detail::copyable_value<P> && detail::is_asynchronou
 template <class P>
 concept DispatchPolicy = SynchronousPolicy<P> || AsynchronousPolicy<P>;
 
-/// True for a policy whose chunks run on worker threads, concurrently.
+/// True for a policy whose chunks run concurrently (see AsynchronousPolicy).
 template <class P>
 inline constexpr bool is_asynchronous_policy_v = detail::is_asynchronous<P>;
 

@@ -34,7 +34,7 @@ namespace neml2 {
 /// may be called from several threads at once, their chunks sharing the devices.
 /// @see DispatchedModel, SyncChunking
 struct GreedyPriorityCapacity {
-  using dispatch_mode = asynchronous; ///< chunks run on a worker per device
+  using dispatch_mode = asynchronous; ///< chunks run concurrently, one lane per device
 
   std::vector<Device> devices;               ///< the pool: at most one CPU, each device once
   std::vector<std::int64_t> batch_sizes;     ///< rows per chunk: one per device, or one for all
