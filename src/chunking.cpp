@@ -121,13 +121,21 @@ std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype) {
   return call.batch > piece ? piece : 0;
 }
 
-std::vector<at::Tensor> places(const BoundCall& call, const std::vector<at::Tensor>& results,
-                               std::int64_t first, std::int64_t rows) {
-  std::vector<at::Tensor> at(results.size());
-  if (call.device.is_cpu())
-    for (std::size_t i = 0; i < results.size(); ++i)
-      if (call.slots()[i].gather == Gather::rows)
-        at[i] = results[i].narrow(0, first, rows);
+Places places(const BoundCall& call, const std::vector<at::Tensor>& results, std::int64_t first,
+              std::int64_t rows) {
+  Places at(results.size());
+  if (!call.device.is_cpu())
+    return at;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (call.slots()[i].gather != Gather::rows || r.dim() == 0 || r.size(0) == 0)
+      continue;
+    const auto whole = place_of(r); // rows of a dense tensor: a dense range of it
+    const auto row = whole.bytes / static_cast<std::size_t>(r.size(0));
+    if (whole.data)
+      at[i] = {static_cast<char*>(whole.data) + static_cast<std::size_t>(first) * row,
+               static_cast<std::size_t>(rows) * row};
+  }
   return at;
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "call.hpp"
+#include "result_memory.hpp"
 #include <neml2/errors.hpp>
 
 namespace neml2::detail {
@@ -50,9 +51,8 @@ inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
 /// `results` (a call's outputs, slot order) gathered by rows; undefined for the other
 /// slots, and for all of them off the CPU. A chunk run on the CPU may compute them in
 /// place (see SessionAccess::run).
-[[nodiscard]] std::vector<at::Tensor> places(const BoundCall& call,
-                                             const std::vector<at::Tensor>& results,
-                                             std::int64_t first, std::int64_t rows);
+[[nodiscard]] Places places(const BoundCall& call, const std::vector<at::Tensor>& results,
+                            std::int64_t first, std::int64_t rows);
 
 /// "[2, 6]": a shape for error messages.
 [[nodiscard]] std::string shape_text(c10::IntArrayRef shape);
@@ -82,7 +82,7 @@ public:
            const std::vector<at::Tensor>& chunk);
 
   /// Where chunk rows [first, first + rows) will be written (see places()).
-  [[nodiscard]] std::vector<at::Tensor> places(std::int64_t first, std::int64_t rows) const {
+  [[nodiscard]] Places places(std::int64_t first, std::int64_t rows) const {
     return detail::places(_call, _results, first, rows);
   }
 

@@ -199,7 +199,7 @@ struct AnyDispatchedModel::Impl {
       if (_before_chunk)
         _before_chunk(event(0, d, 0, call.batch, 0));
       results = Access::run(_sessions[d], op, chunk,
-                            targets.empty() ? std::vector<at::Tensor>{}
+                            targets.empty() ? detail::Places{}
                                             : detail::places(call, targets, 0, call.batch));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
@@ -249,8 +249,7 @@ struct AnyDispatchedModel::Impl {
         _before_chunk(event(index, d, first, rows, 0));
       results.add(index, first, rows,
                   Access::run(_sessions[d], op, chunk,
-                              device.is_cpu() ? results.places(first, rows)
-                                              : std::vector<at::Tensor>{}));
+                              device.is_cpu() ? results.places(first, rows) : detail::Places{}));
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;

@@ -169,24 +169,33 @@ bool overlaps(const void* data, std::size_t bytes, const at::Tensor& t) {
 }
 } // namespace
 
-Landing::Landing(std::span<const at::Tensor> targets,
+Place place_of(const at::Tensor& t) noexcept {
+  if (!t.defined() || !t.is_cpu() || !t.is_contiguous() || t.nbytes() == 0 ||
+      reinterpret_cast<std::uintptr_t>(t.data_ptr()) % c10::gAlignment != 0)
+    return {};
+  return {t.data_ptr(), t.nbytes()};
+}
+
+Landing::Landing(std::span<const Place> targets,
                  std::initializer_list<const std::vector<at::Tensor>*> reads)
   : _outer(current_landing) {
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const auto& t = targets[i];
     auto& target = _targets.emplace_back();
-    if (!t.defined() || !t.is_cpu() || !t.is_contiguous() || t.nbytes() == 0 ||
-        reinterpret_cast<std::uintptr_t>(t.data_ptr()) % c10::gAlignment != 0)
+    if (!t.data || reinterpret_cast<std::uintptr_t>(t.data) % c10::gAlignment != 0)
       continue;
-    const auto shares = [&](const at::Tensor& other) {
-      return overlaps(t.data_ptr(), t.nbytes(), other);
-    };
-    if (std::any_of(targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i), shares) ||
-        std::any_of(reads.begin(), reads.end(), [&](const std::vector<at::Tensor>* tensors) {
-          return std::any_of(tensors->begin(), tensors->end(), shares);
-        }))
-      continue;
-    target = {t.data_ptr(), t.nbytes()};
+    const auto* begin = static_cast<const char*>(t.data);
+    const auto shares_earlier = std::any_of(
+        targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i), [&](const Place& e) {
+          const auto* other = static_cast<const char*>(e.data);
+          return e.data && begin < other + e.bytes && other < begin + t.bytes;
+        });
+    const auto read = std::any_of(reads.begin(), reads.end(), [&](const auto* tensors) {
+      return std::any_of(tensors->begin(), tensors->end(),
+                         [&](const at::Tensor& r) { return overlaps(t.data, t.bytes, r); });
+    });
+    if (!shares_earlier && !read)
+      static_cast<Place&>(target) = t;
   }
   current_landing = this;
 }

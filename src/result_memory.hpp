@@ -14,6 +14,18 @@ namespace neml2::detail {
 /// An uninitialized, contiguous CPU tensor whose memory is reused once it is released.
 [[nodiscard]] at::Tensor empty_result(c10::IntArrayRef sizes, c10::ScalarType dtype);
 
+/// Memory a result may be written to: `bytes` from `data`, dense (undefined: nowhere).
+struct Place {
+  void* data = nullptr;
+  std::size_t bytes = 0;
+};
+/// Places of each result of a call, in slot order.
+using Places = c10::SmallVector<Place, 8>;
+
+/// Where `t` is, if it is a dense CPU tensor aligned as torch aligns its allocations;
+/// otherwise nowhere.
+[[nodiscard]] Place place_of(const at::Tensor& t) noexcept;
+
 /// @brief Where the results of a graph run on this thread may be written: while a Landing
 /// lives, an allocation on torch's CPU allocator of exactly one target's size is that
 /// target's memory (each target once), so a graph's result lands in place (the caller's
@@ -22,10 +34,10 @@ namespace neml2::detail {
 /// target's (see in_place()), and copied otherwise.
 class Landing {
 public:
-  /// `targets[i]` is the memory for result i; none where it is undefined, not dense, not
-  /// aligned as torch aligns its allocations, or shares memory with an earlier target or
-  /// with any tensor the run `reads`.
-  Landing(std::span<const at::Tensor> targets,
+  /// `targets[i]` is the memory for result i; none where it is nowhere, not aligned as
+  /// torch aligns its allocations, or shares memory with an earlier target or with any
+  /// tensor the run `reads`.
+  Landing(std::span<const Place> targets,
           std::initializer_list<const std::vector<at::Tensor>*> reads);
   ~Landing();
   Landing(const Landing&) = delete;
@@ -44,9 +56,7 @@ public:
   [[nodiscard]] static std::size_t landed_on_this_thread() noexcept;
 
 private:
-  struct Target {
-    void* data = nullptr;
-    std::size_t bytes = 0;
+  struct Target : Place {
     bool claimed = false;
   };
   void end() noexcept;

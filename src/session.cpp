@@ -539,7 +539,7 @@ detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
 
 std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation op,
                                                    detail::ChunkArgs& chunk,
-                                                   std::span<const at::Tensor> places) {
+                                                   std::span<const detail::Place> places) {
   const auto& m = *s._impl;
   // The chunk's work goes to the compute device whichever device is current on this thread
   // (put back after); nothing at all on the CPU.

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "call.hpp"
+#include "result_memory.hpp"
 #include <neml2/session.hpp>
 
 namespace neml2::detail {
@@ -31,7 +32,7 @@ struct SessionAccess {
   /// explicit model on the CPU may be computed in directly (see Landing).
   [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op,
                                                    ChunkArgs& chunk,
-                                                   std::span<const at::Tensor> places = {});
+                                                   std::span<const Place> places = {});
   /// The positional results of each operation as the public maps.
   [[nodiscard]] static TensorMap forward_result(const Session& s,
                                                 std::vector<at::Tensor>&& results);

@@ -55,6 +55,13 @@ Tensors dense_like(const Tensors& results) {
 
 std::size_t landed() { return neml2::detail::Landing::landed_on_this_thread(); }
 
+neml2::detail::Places places(std::initializer_list<at::Tensor> tensors) {
+  neml2::detail::Places at;
+  for (const auto& t : tensors)
+    at.push_back(neml2::detail::place_of(t));
+  return at;
+}
+
 // An operation's values and blocks against the same written into strided tensors by
 // `into(values, blocks)`.
 template <class Into>
@@ -257,7 +264,7 @@ TEST_CASE("a landing hands its targets to this thread's allocations of their siz
   const auto other = at::empty({2, 6}, at::kDouble);
   const auto before = landed();
   {
-    neml2::detail::Landing landing(std::vector<at::Tensor>{target, other}, {});
+    neml2::detail::Landing landing(places({target, other}), {});
     std::thread([&] { // another thread allocates as before
       CHECK(at::empty({4, 6}, at::kDouble).data_ptr() != target.data_ptr());
     }).join();
@@ -282,8 +289,10 @@ TEST_CASE("a landing refuses targets it must not write, and settles results out 
   SUBCASE("a target the run reads, one that overlaps an earlier target, or misaligned") {
     const auto buffer = at::empty({25}, at::kDouble);
     const std::vector<at::Tensor> reads = {t1};
-    neml2::detail::Landing landing(std::vector<at::Tensor>{t0, t0, t1, buffer.narrow(0, 1, 24)},
-                            {&reads});
+    auto targets = places({t0, t0, t1});
+    CHECK(neml2::detail::place_of(buffer.narrow(0, 1, 24)).data == nullptr); // misaligned
+    targets.push_back({static_cast<double*>(buffer.data_ptr()) + 1, 24 * sizeof(double)});
+    neml2::detail::Landing landing(targets, {&reads});
     CHECK(at::empty({4, 6}, at::kDouble).data_ptr() == t0.data_ptr());
     for (int i = 0; i < 3; ++i) { // the second t0, t1 (read) and the misaligned slice
       const auto x = at::empty({4, 6}, at::kDouble);
@@ -293,7 +302,7 @@ TEST_CASE("a landing refuses targets it must not write, and settles results out 
     }
   }
   SUBCASE("results in each other's targets are copied out before either is written") {
-    neml2::detail::Landing landing(std::vector<at::Tensor>{t0, t1}, {});
+    neml2::detail::Landing landing(places({t0, t1}), {});
     auto x = at::empty({4, 6}, at::kDouble), y = at::empty({4, 6}, at::kDouble);
     REQUIRE(x.data_ptr() == t0.data_ptr());
     REQUIRE(y.data_ptr() == t1.data_ptr());
