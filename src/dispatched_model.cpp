@@ -61,9 +61,9 @@ struct Progress {
     std::int64_t first, rows;
     std::size_t index;
   };
-  std::deque<Chunk> here; // dispatched to the lane the calling thread serves, not yet run
+  std::deque<Chunk> caller_chunks; // for the lane the calling thread serves, not yet run
   std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
-  std::condition_variable finished; // the calling thread sleeps here (or runs `here`)
+  std::condition_variable finished; // the calling thread sleeps here (or runs caller_chunks)
   [[nodiscard]] bool done() const {
     return in_flight == 0 && (first == call.batch || !errors.empty());
   }
@@ -78,7 +78,7 @@ struct Engine {
   std::mutex mutex;
   std::vector<std::int64_t> rows_in_flight; // per device
   std::vector<Progress*> waiting_for_room;  // calls the policy told to wait
-  std::mutex here_lane;                     // held by the thread running a chunk there
+  std::mutex caller_lane;                   // held by the thread running a chunk there
   detail::WorkerPool pool;                  // last: joined before the rest goes
 };
 } // namespace
@@ -102,10 +102,10 @@ struct AnyDispatchedModel::Impl {
       const auto cpu = std::find_if(_compute.begin(), _compute.end(),
                                     [](const c10::Device& d) { return d.is_cpu(); });
       if (cpu != _compute.end())
-        _here = static_cast<std::size_t>(cpu - _compute.begin());
+        _caller_lane = static_cast<std::size_t>(cpu - _compute.begin());
       std::vector<detail::WorkerPool::Lane> lanes;
       for (std::size_t d = 0; d < _listed.size(); ++d)
-        lanes.push_back({_compute[d], d == _here ? 0 : chunks_in_flight(d)});
+        lanes.push_back({_compute[d], d == _caller_lane ? 0 : chunks_in_flight(d)});
       _engine = std::make_unique<Engine>(_listed.size(), lanes);
     } else
       (void)session_of(_policy->compute_device()); // a device it does not list fails now
@@ -311,7 +311,7 @@ struct AnyDispatchedModel::Impl {
       lock.lock();
     } else if (!progress.results && progress.errors.empty())
       start_on_pool(progress); // the policy made it wait: started here, not on a worker
-    run_here(progress, lock);
+    run_caller_chunks(progress, lock);
     std::erase(engine.waiting_for_room, &progress);
     lock.unlock();
     rethrow(progress.errors);
@@ -322,18 +322,18 @@ struct AnyDispatchedModel::Impl {
 
   // The calling thread, until its call is done: runs the call's chunks on the lane it
   // serves, one at a time across calls (Engine::mutex held on entry and exit).
-  void run_here(Progress& p, std::unique_lock<std::mutex>& lock) const {
+  void run_caller_chunks(Progress& p, std::unique_lock<std::mutex>& lock) const {
     for (;;) {
-      p.finished.wait(lock, [&] { return p.done() || !p.here.empty(); });
-      if (p.here.empty())
+      p.finished.wait(lock, [&] { return p.done() || !p.caller_chunks.empty(); });
+      if (p.caller_chunks.empty())
         return;
-      const auto chunk = p.here.front();
-      p.here.pop_front();
+      const auto chunk = p.caller_chunks.front();
+      p.caller_chunks.pop_front();
       lock.unlock();
       {
-        const std::lock_guard lane(_engine->here_lane);
-        complete(*_here, chunk.first, chunk.rows, chunk.index, p, [&] {
-          run_chunk(p.op, p.call, *p.results, *_here, chunk.first, chunk.rows, chunk.index);
+        const std::lock_guard lane(_engine->caller_lane);
+        complete(*_caller_lane, chunk.first, chunk.rows, chunk.index, p, [&] {
+          run_chunk(p.op, p.call, *p.results, *_caller_lane, chunk.first, chunk.rows, chunk.index);
         });
       }
       lock.lock();
@@ -391,8 +391,8 @@ struct AnyDispatchedModel::Impl {
         try {
           if (!p.results) // only on the calling thread: dispatch_async starts the others
             start_on_pool(p);
-          if (d == _here) {
-            p.here.push_back({first, n, index});
+          if (d == _caller_lane) {
+            p.caller_chunks.push_back({first, n, index});
             p.finished.notify_one(); // the calling thread runs it
             continue;
           }
@@ -486,7 +486,7 @@ struct AnyDispatchedModel::Impl {
   // The first CPU device of an asynchronous policy: its chunks run on the thread that made
   // the call, while it waits (no worker: a worker's OpenMP team would be a second one,
   // and libgomp stops spinning once it manages more threads than there are cores).
-  std::optional<std::size_t> _here;
+  std::optional<std::size_t> _caller_lane;
 };
 
 // ------------------------------------------------------------------ AnyDispatchedModel

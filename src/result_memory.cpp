@@ -155,9 +155,6 @@ alignas(LandingAllocator) unsigned char landing_storage[sizeof(LandingAllocator)
   return true;
 }();
 
-} // namespace
-
-namespace {
 // Whether [data, data + bytes) and t's memory (its storage's, unless t is dense) overlap.
 bool overlaps(const void* data, std::size_t bytes, const at::Tensor& t) {
   if (!t.defined() || !t.has_storage() || !t.is_cpu())
