@@ -27,6 +27,7 @@ struct LaneQueue {
   std::condition_variable ready;
   std::deque<std::function<void()>> tasks;
   bool stopping = false;
+  std::size_t workers = 0;
 };
 
 void serve(LaneQueue& lane) {
@@ -65,6 +66,7 @@ WorkerPool::WorkerPool(const std::vector<Lane>& lanes)
   for (const auto& spec : lanes) {
     auto lane = std::make_unique<LaneQueue>();
     lane->device = spec.device;
+    lane->workers = spec.workers;
     for (std::size_t w = 0; w < spec.workers; ++w) {
       _impl->threads.emplace_back(serve, std::ref(*lane));
       ++live_workers;
@@ -87,6 +89,9 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::submit(std::size_t lane, std::function<void()> task) {
   auto& q = *_impl->lanes.at(lane);
+  if (q.workers == 0) // nobody would ever run it: the call would wait for ever
+    throw FatalError("internal: a chunk was queued for the " + q.device.str() +
+                     " lane, which the calling threads serve; report this as a bug");
   {
     std::lock_guard lock(q.mutex);
     q.tasks.push_back(std::move(task));
