@@ -48,7 +48,7 @@ inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
 [[nodiscard]] std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype);
 
 /// Where a chunk's results will be written: rows [first, first + rows) of each of
-/// `results` (a call's outputs, slot order) gathered by rows; undefined for the other
+/// `results` (a call's outputs, slot order) gathered by rows; nowhere for the other
 /// slots, and for all of them off the CPU. A chunk run on the CPU may compute them in
 /// place (see SessionAccess::run).
 [[nodiscard]] Places places(const BoundCall& call, const std::vector<at::Tensor>& results,

@@ -155,14 +155,18 @@ alignas(LandingAllocator) unsigned char landing_storage[sizeof(LandingAllocator)
   return true;
 }();
 
+bool overlaps(const void* a, std::size_t a_bytes, const void* b, std::size_t b_bytes) {
+  const auto* x = static_cast<const char*>(a);
+  const auto* y = static_cast<const char*>(b);
+  return a && b && x < y + b_bytes && y < x + a_bytes;
+}
+
 // Whether [data, data + bytes) and t's memory (its storage's, unless t is dense) overlap.
 bool overlaps(const void* data, std::size_t bytes, const at::Tensor& t) {
   if (!t.defined() || !t.has_storage() || !t.is_cpu())
     return false;
-  const bool dense = t.is_contiguous();
-  const auto* a = static_cast<const char*>(data);
-  const auto* b = static_cast<const char*>(dense ? t.data_ptr() : t.storage().data());
-  return a < b + (dense ? t.nbytes() : t.storage().nbytes()) && b < a + bytes;
+  return t.is_contiguous() ? overlaps(data, bytes, t.data_ptr(), t.nbytes())
+                           : overlaps(data, bytes, t.storage().data(), t.storage().nbytes());
 }
 } // namespace
 
@@ -181,12 +185,9 @@ Landing::Landing(std::span<const Place> targets,
     auto& target = _targets.emplace_back();
     if (!t.data || reinterpret_cast<std::uintptr_t>(t.data) % c10::gAlignment != 0)
       continue;
-    const auto* begin = static_cast<const char*>(t.data);
-    const auto shares_earlier = std::any_of(
-        targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i), [&](const Place& e) {
-          const auto* other = static_cast<const char*>(e.data);
-          return e.data && begin < other + e.bytes && other < begin + t.bytes;
-        });
+    const auto shares_earlier =
+        std::any_of(targets.begin(), targets.begin() + static_cast<std::ptrdiff_t>(i),
+                    [&](const Place& e) { return overlaps(t.data, t.bytes, e.data, e.bytes); });
     const auto read = std::any_of(reads.begin(), reads.end(), [&](const auto* tensors) {
       return std::any_of(tensors->begin(), tensors->end(),
                          [&](const at::Tensor& r) { return overlaps(t.data, t.bytes, r); });

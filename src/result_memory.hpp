@@ -30,8 +30,8 @@ using Places = c10::SmallVector<Place, 8>;
 /// lives, an allocation on torch's CPU allocator of exactly one target's size is that
 /// target's memory (each target once), so a graph's result lands in place (the caller's
 /// tensor, or a chunk's rows of kept memory) instead of memory of its own that is then
-/// copied. Nothing depends on it happening: a result is in place when its data is its
-/// target's (see in_place()), and copied otherwise.
+/// copied. Nothing depends on it happening: a result whose data is its target's is not
+/// copied again (copy_rows in src/chunking.cpp), any other is copied as before.
 class Landing {
 public:
   /// `targets[i]` is the memory for result i; none where it is nowhere, not aligned as
