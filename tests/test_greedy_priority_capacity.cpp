@@ -1,6 +1,8 @@
 // GreedyPriorityCapacity: its choices, its validation, and the pool running it on the CPU
 // with results identical to SyncChunking.
 
+#include <atomic>
+#include <chrono>
 #include <mutex>
 #include <thread>
 
@@ -169,6 +171,29 @@ TEST_CASE("the CPU's chunks run on the calling thread, one chunk or many") {
   // team (see performance.md, the CPU pool against the calling thread).
   for (const auto& id : ran_on)
     CHECK(id == std::this_thread::get_id());
+}
+
+TEST_CASE("two callers' CPU chunks run one at a time, even when the capacity allows two") {
+  // Room for two chunks on the CPU: both callers' chunks are in flight at once, and each
+  // caller runs its own; the lane still runs one chunk at a time, as a worker would.
+  auto m = load_model(test::stub("rates", "eq"), "eq",
+                      GreedyPriorityCapacity{
+                          .devices = {"cpu"}, .batch_sizes = {8}, .capacities = {16}});
+  const test::Reference ref("rates");
+  std::atomic<int> running{0}, most{0};
+  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent&) {
+    const int now = ++running;
+    for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);)
+      ;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    --running;
+  });
+  std::vector<std::thread> callers;
+  for (int t = 0; t < 2; ++t)
+    callers.emplace_back([&] { test::check_forward(m, ref, "b33"); });
+  for (auto& c : callers)
+    c.join();
+  CHECK(most.load() == 1);
 }
 
 TEST_CASE("the CPU lane runs exactly the chunks it was given, and nothing else runs") {
