@@ -177,6 +177,25 @@ struct AnyDispatchedModel::Impl {
     });
   }
 
+  // forward() of a whole batch on the CPU straight through the value graph, when the policy
+  // runs it as one chunk there and the call needs nothing bind() would convert, broadcast
+  // or refuse (SessionAccess::batch_as_given): no BoundCall, no chunk. nullopt: take the
+  // bound path.
+  std::optional<std::vector<at::Tensor>> forward_as_given(const std::vector<at::Tensor>& inputs) const {
+    if (_asynchronous || _observer || _before_chunk || !session().named_parameters().empty())
+      return std::nullopt;
+    return detail::translate_foreign_errors(
+        "neml2::DispatchedModel", [&]() -> std::optional<std::vector<at::Tensor>> {
+          const auto d = session_of(_policy->compute_device());
+          const auto batch = Access::batch_as_given(_sessions[d], inputs);
+          if (batch == 0 || batch > detail::min_piece_rows)
+            return std::nullopt;
+          if (const auto rows = _policy->chunk_rows(batch); rows != 0 && rows < batch)
+            return std::nullopt;
+          return Access::forward_as_given(_sessions[d], inputs);
+        });
+  }
+
   // The whole call as one chunk on the input device: no slicing, no copy (but into the
   // caller's tensors, when given). A large batch on the CPU runs in cache-sized pieces
   // instead, into outputs from kept memory or the caller's tensors.
@@ -502,7 +521,12 @@ AnyDispatchedModel& AnyDispatchedModel::operator=(AnyDispatchedModel&&) noexcept
 TensorMap AnyDispatchedModel::forward(const TensorMap& inputs) const {
   const auto& m = *_impl;
   return m.named([&] {
-    return Impl::Access::forward_result(m.session(), m.dispatch(Operation::forward, inputs, {}));
+    auto positional = detail::translate_foreign_errors(
+        "neml2::DispatchedModel", [&] { return Impl::Access::positional(m.session(), inputs); });
+    auto results = m.forward_as_given(positional);
+    return Impl::Access::forward_result(
+        m.session(), results ? std::move(*results)
+                             : m.dispatch(Operation::forward, std::move(positional), {}));
   });
 }
 
@@ -662,7 +686,10 @@ std::vector<at::Tensor> in_model_order(std::span<const at::Tensor> inputs,
 } // namespace
 
 std::vector<at::Tensor> PreparedCall::forward(std::span<const at::Tensor> inputs) const {
-  return _model->dispatch(Operation::forward, in_model_order(inputs, _positions, _in_order), {});
+  auto ordered = in_model_order(inputs, _positions, _in_order);
+  if (auto results = _model->forward_as_given(ordered))
+    return std::move(*results);
+  return _model->dispatch(Operation::forward, std::move(ordered), {});
 }
 
 void PreparedCall::forward_into(std::span<const at::Tensor> inputs,

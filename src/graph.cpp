@@ -14,10 +14,13 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/ScopeExit.h>
 #include <caffe2/serialize/inline_container.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/inductor/aoti_runner/model_container_runner.h>
+#include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
 #include "chunking.hpp"
@@ -184,6 +187,26 @@ std::vector<GraphInput> wrapper_inputs(const std::string& source) {
 
 std::atomic<const GraphCallObserver*> graph_call_observer{nullptr};
 
+// What AOTIModelContainerRunner::run() calls: the model container's C entry point, its
+// handle and its proxy executor. Called directly, a graph call does without the runner's
+// two vectors of handles per call and the hash map it builds of the results' handles.
+struct ContainerEntry : torch::inductor::AOTIModelContainerRunner {
+  using Run = decltype(&AOTInductorModelContainerRun);
+  static Run run(const AOTIModelContainerRunner& r) { return r.*(&ContainerEntry::run_func_); }
+  static AOTInductorModelContainerHandle container(const AOTIModelContainerRunner& r) {
+    return r.*(&ContainerEntry::container_handle_);
+  }
+  static AOTIProxyExecutorHandle proxy(const AOTIModelContainerRunner& r) {
+    return r.*(&ContainerEntry::proxy_executor_handle_);
+  }
+  static std::size_t outputs(const AOTIModelContainerRunner& r) {
+    std::size_t n = 0;
+    if ((r.*(&ContainerEntry::get_num_outputs_func_))(container(r), &n) != AOTI_RUNTIME_SUCCESS)
+      throw FatalError("the AOTI runtime could not say how many results the graph returns");
+    return n;
+  }
+};
+
 // The calling thread's current stream of `device`, for the runner (which, given none, takes
 // the current stream of whichever device is current); none on the CPU.
 void* stream_of(c10::Device device) {
@@ -207,6 +230,7 @@ std::string shape_of(const std::vector<std::int64_t>& sizes) {
 struct Graph::Padding {
   std::mutex mutex;
   std::vector<at::Tensor> args; // per argument; undefined where not batched
+  std::vector<at::Tensor> call; // the padded call's arguments (no allocation per call)
 };
 
 void observe_graph_calls(GraphCallObserver observer) {
@@ -323,6 +347,7 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
             _file, "model", /*run_single_threaded=*/false,
             /*num_runners=*/runners, device.index());
       });
+  _container_outputs = ContainerEntry::outputs(*_loader->get_runner());
 }
 
 Graph::Graph() = default;
@@ -484,10 +509,16 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
 // row): the last row repeated (zeros for none), the results cut back in place.
 std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
                                           std::int64_t rows) const {
-  std::vector<at::Tensor> padded(args.size());
   std::unique_lock<std::mutex> reuse; // this graph's padding buffers, unless a call has them
   if (_padding)
     reuse = std::unique_lock(_padding->mutex, std::try_to_lock);
+  std::vector<at::Tensor> own;
+  auto& padded = reuse.owns_lock() ? _padding->call : own;
+  padded.resize(args.size());
+  const auto release = c10::make_scope_exit([&] { // the caller's tensors are not kept
+    for (auto& t : padded)
+      t.reset();
+  });
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!_signature.inputs[i].batched()) {
       padded[i] = args[i];
@@ -516,13 +547,10 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
   }
   auto results = run_checked(padded);
   for (auto& r : results)
-    if (r.dim() > 0 && r.size(0) == _min_rows) {
+    if (r.dim() > 0 && r.size(0) == _min_rows)
       // The graph's own fresh result, cut to the rows asked for in place (strides kept):
       // what narrow() gives without a dispatch.
-      c10::DimVector sizes(r.sizes());
-      sizes[0] = rows;
-      r.unsafeGetTensorImpl()->set_sizes_and_strides(sizes, r.strides());
-    }
+      r.unsafeGetTensorImpl()->set_size(0, rows);
   return results;
 }
 
@@ -550,14 +578,49 @@ std::vector<at::Tensor> Graph::run_split(const std::vector<at::Tensor>& args,
   return results;
 }
 
+// One call of the model container on the CPU: new handles for the arguments (the
+// container takes them), the results taken from the handles it returns (one tensor may
+// come back under several outputs, as one handle).
+std::vector<at::Tensor> Graph::run_container(const std::vector<at::Tensor>& args) const {
+  namespace aoti = torch::aot_inductor;
+  auto& runner = *_loader->get_runner();
+  c10::SmallVector<AtenTensorHandle, 8> in, out(_container_outputs, nullptr);
+  for (const auto& t : args)
+    in.push_back(aoti::new_tensor_handle(at::Tensor(t)));
+  const auto error =
+      ContainerEntry::run(runner)(ContainerEntry::container(runner), in.data(), in.size(),
+                                  out.data(), out.size(), nullptr, ContainerEntry::proxy(runner));
+  if (error != AOTI_RUNTIME_SUCCESS)
+    throw FatalError(fmt::format("running '{}' on {}: the AOTI runtime's call failed (its reason "
+                                 "is printed above, on standard error)",
+                                 _file, _device));
+  std::vector<at::Tensor> results(out.size());
+  for (std::size_t r = 0; r < out.size(); ++r) {
+    if (!out[r])
+      continue;
+    const auto first = std::find(out.begin(), out.begin() + r, out[r]);
+    if (first != out.begin() + r) {
+      results[r] = results[first - out.begin()];
+      continue;
+    }
+    auto* t = aoti::tensor_handle_to_tensor_pointer(out[r]);
+    results[r] = std::move(*t);
+    delete t;
+  }
+  return results;
+}
+
 std::vector<at::Tensor> Graph::run_checked(const std::vector<at::Tensor>& args) const {
   std::vector<at::Tensor> results;
-  try {
-    results = _loader->run(args, stream_of(_torch_device));
-  } catch (const std::exception& e) {
-    throw FatalError(fmt::format("running '{}' on {}: {}", _file, _device, first_lines(e.what())),
-                     e.what());
-  }
+  if (_torch_device.is_cpu())
+    results = run_container(args);
+  else // the runner of each accelerator has its own run_impl(); it is not bypassed
+    try {
+      results = _loader->run(args, stream_of(_torch_device));
+    } catch (const std::exception& e) {
+      throw FatalError(fmt::format("running '{}' on {}: {}", _file, _device, first_lines(e.what())),
+                       e.what());
+    }
   if (results.size() != _signature.num_outputs)
     fail(fmt::format("it returned {} results, its signature says {}", results.size(),
                      _signature.num_outputs));

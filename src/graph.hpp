@@ -96,6 +96,7 @@ public:
 
 private:
   [[nodiscard]] std::vector<at::Tensor> run_checked(const std::vector<at::Tensor>& args) const;
+  [[nodiscard]] std::vector<at::Tensor> run_container(const std::vector<at::Tensor>& args) const;
   [[nodiscard]] std::vector<at::Tensor> run_padded(const std::vector<at::Tensor>& args,
                                                    std::int64_t rows) const;
   [[nodiscard]] std::vector<at::Tensor> run_split(const std::vector<at::Tensor>& args,
@@ -113,6 +114,7 @@ private:
   c10::ScalarType _result_dtype = c10::kDouble;
   std::int64_t _min_rows = 0, _max_rows = std::numeric_limits<std::int64_t>::max();
   std::int64_t _fixed_rows = 0;
+  std::size_t _container_outputs = 0; // what the compiled library returns per call
   bool _rows_differ = false;
 };
 

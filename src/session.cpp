@@ -416,16 +416,19 @@ void reject_unknown(const TensorMap& given, const std::vector<std::string>& publ
 
 std::vector<at::Tensor> Session::Impl::positional_inputs(const TensorMap& inputs) const {
   const auto& m = *this;
-  reject_unknown(inputs, m.input_names, "input");
+  if (inputs.size() > m.input_names.size()) // else every name found means none is unknown
+    reject_unknown(inputs, m.input_names, "input");
   std::vector<at::Tensor> positional(m.input_names.size());
   for (std::size_t i = 0; i < m.input_names.size(); ++i) {
     const auto it = inputs.find(m.input_names[i]);
-    if (it == inputs.end())
+    if (it == inputs.end()) {
+      reject_unknown(inputs, m.input_names, "input"); // a misspelt name says more
       throw FatalError(fmt::format("missing input '{}' (expected shape (B, {}) or ({})); this "
                                    "model takes: {}",
                                    m.input_names[i], fmt::join(m.input_trailing_shapes[i], ", "),
                                    fmt::join(m.input_trailing_shapes[i], ", "),
                                    names_text(m.input_names)));
+    }
     positional[i] = it->second;
   }
   return positional;
@@ -533,6 +536,39 @@ detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
     break;
   }
   return call;
+}
+
+std::vector<at::Tensor> detail::SessionAccess::positional(const Session& s,
+                                                         const TensorMap& inputs) {
+  return s._impl->positional_inputs(inputs);
+}
+
+std::int64_t detail::SessionAccess::batch_as_given(const Session& s,
+                                                   const std::vector<at::Tensor>& inputs) {
+  const auto& m = *s._impl;
+  if (m.chain || !m.graph_takes_inputs_as_is || !m.outputs_in_master_order ||
+      !m.torch_device.is_cpu() || inputs.size() != m.input_names.size() ||
+      !m.artifact->parameters.empty() || !m.value_graph)
+    return 0;
+  std::int64_t batch = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const auto& t = inputs[i];
+    const auto& base = m.input_trailing_shapes[i];
+    if (!t.defined() || t.scalar_type() != m.dtype || !t.is_cpu() ||
+        t.dim() != static_cast<std::int64_t>(base.size()) + 1 || !t.is_contiguous())
+      return 0;
+    const auto sizes = t.sizes();
+    if (!std::equal(base.begin(), base.end(), sizes.begin() + 1) || sizes[0] < 1 ||
+        (batch != 0 && sizes[0] != batch))
+      return 0;
+    batch = sizes[0];
+  }
+  return batch;
+}
+
+std::vector<at::Tensor> detail::SessionAccess::forward_as_given(const Session& s,
+                                                                const std::vector<at::Tensor>& inputs) {
+  return s._impl->value_graph.run(inputs);
 }
 
 // ------------------------------------------------------------------ running a chunk

@@ -164,3 +164,77 @@ TEST_CASE("a whole batch on the CPU runs in cache-sized pieces, with the same nu
   neml2::detail::observe_graph_calls({});
   CHECK(rows == std::vector<std::int64_t>{16384});
 }
+
+TEST_CASE("forward() straight through the graph only when the call needs nothing more") {
+  // A whole small batch of dense inputs goes to the value graph as given; everything else
+  // takes the bound path. Each case below fails if the direct path took it.
+  std::vector<std::int64_t> rows;
+  const auto graph_calls = [&](auto&& call) {
+    rows.clear();
+    neml2::detail::observe_graph_calls(
+        [&](const std::string&, std::int64_t n) { rows.push_back(n); });
+    call();
+    neml2::detail::observe_graph_calls({});
+    return rows;
+  };
+  const auto strain = 1e-3 * at::rand({10, 6}, at::kDouble);
+  const Session session(std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(
+                            test::stub("elasticity", "elasticity"), "elasticity"))),
+                        "cpu");
+  const auto expected = session.forward({{"strain", strain}}).at("stress");
+
+  SUBCASE("the policy's chunks are kept") {
+    const auto chunked = load("elasticity", "elasticity", SyncChunking{.batch_size = 4});
+    TensorMap out;
+    CHECK(graph_calls([&] { out = chunked.forward({{"strain", strain}}); }) ==
+          std::vector<std::int64_t>{4, 4, 2});
+    CHECK(at::equal(out.at("stress"), expected));
+    std::vector<at::Tensor> prepared;
+    CHECK(graph_calls([&] { prepared = chunked.prepare().forward({{strain}}); }) ==
+          std::vector<std::int64_t>{4, 4, 2});
+    CHECK(at::equal(prepared.at(0), expected));
+  }
+  SUBCASE("a whole batch: one call, the same numbers") {
+    const auto whole = load("elasticity", "elasticity");
+    TensorMap out;
+    CHECK(graph_calls([&] { out = whole.forward({{"strain", strain}}); }) ==
+          std::vector<std::int64_t>{10});
+    CHECK(at::equal(out.at("stress"), expected));
+    CHECK(at::equal(whole.prepare().forward({{strain}}).at(0), expected));
+    CHECK(at::equal(whole.forward({{"strain", strain.narrow(0, 0, 1)}}).at("stress"),
+                    expected.narrow(0, 0, 1)));
+  }
+  SUBCASE("no batch axis: none in the result") {
+    const auto whole = load("elasticity", "elasticity");
+    const auto out = whole.forward({{"strain", strain[3]}}).at("stress");
+    CHECK(out.sizes() == c10::IntArrayRef{6});
+    CHECK(at::equal(out, expected[3]));
+  }
+  SUBCASE("a strided input, and one of another dtype") {
+    const auto whole = load("elasticity", "elasticity");
+    const auto strided = strain.t().contiguous().t();
+    CHECK(at::equal(whole.forward({{"strain", strided}}).at("stress"), expected));
+    CHECK(contains(test::fatal_message([&] {
+                     return whole.forward({{"strain", strain.to(at::kFloat)}});
+                   }),
+                   "'strain' has dtype Float"));
+  }
+  SUBCASE("named_parameters() is still checked") {
+    auto whole = load("elasticity", "elasticity");
+    whole.named_parameters()["elasticity.G"] = at::ones({}, at::kDouble);
+    CHECK(contains(test::fatal_message([&] { return whole.forward({{"strain", strain}}); }),
+                   "named_parameters() has 'elasticity.G', which is not a promoted parameter"));
+    CHECK(contains(test::fatal_message([&] { return whole.prepare().forward({{strain}}); }),
+                   "named_parameters() has 'elasticity.G'"));
+  }
+  SUBCASE("names are still checked") {
+    const auto whole = load("elasticity", "elasticity");
+    CHECK(contains(test::fatal_message([&] { return whole.forward({{"strian", strain}}); }),
+                   "unknown input 'strian'"));
+    CHECK(contains(test::fatal_message([&] {
+                     return whole.forward({{"strain", strain}, {"extra", strain}});
+                   }),
+                   "unknown input 'extra'"));
+    CHECK(contains(test::fatal_message([&] { return whole.forward({}); }), "missing input 'strain'"));
+  }
+}
