@@ -229,8 +229,7 @@ std::string shape_of(const std::vector<std::int64_t>& sizes) {
 // a time uses them; a concurrent one allocates its own.
 struct Graph::Padding {
   std::mutex mutex;
-  std::vector<at::Tensor> args; // per argument; undefined where not batched
-  std::vector<at::Tensor> call; // the padded call's arguments (no allocation per call)
+  std::vector<at::Tensor> args; // the padded call's arguments: buffers where batched
 };
 
 void observe_graph_calls(GraphCallObserver observer) {
@@ -509,15 +508,15 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
 // row): the last row repeated (zeros for none), the results cut back in place.
 std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
                                           std::int64_t rows) const {
-  std::unique_lock<std::mutex> reuse; // this graph's padding buffers, unless a call has them
+  std::unique_lock<std::mutex> reuse; // this graph's padded arguments, unless a call has them
   if (_padding)
     reuse = std::unique_lock(_padding->mutex, std::try_to_lock);
-  std::vector<at::Tensor> own;
-  auto& padded = reuse.owns_lock() ? _padding->call : own;
-  padded.resize(args.size());
+  std::vector<at::Tensor> own(reuse.owns_lock() ? 0 : args.size());
+  auto& padded = reuse.owns_lock() ? _padding->args : own;
   const auto release = c10::make_scope_exit([&] { // the caller's tensors are not kept
-    for (auto& t : padded)
-      t.reset();
+    for (std::size_t i = 0; i < args.size(); ++i)
+      if (!_signature.inputs[i].batched())
+        padded[i].reset();
   });
   for (std::size_t i = 0; i < args.size(); ++i) {
     if (!_signature.inputs[i].batched()) {
@@ -529,11 +528,10 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
     if (rows == 0)
       padded[i] = at::zeros(sizes, args[i].options());
     else if (args[i].is_cpu()) { // copied by hand: a third of the cost of cat/expand
-      const auto& kept = reuse.owns_lock() ? _padding->args[i] : at::Tensor();
-      padded[i] = kept.defined() && kept.sizes() == c10::IntArrayRef(sizes) &&
-                          kept.dtype() == args[i].dtype()
-                      ? kept
-                      : at::empty(sizes, args[i].options());
+      auto& kept = padded[i];
+      if (!kept.defined() || kept.sizes() != c10::IntArrayRef(sizes) ||
+          kept.dtype() != args[i].dtype())
+        kept = at::empty(sizes, args[i].options());
       const auto row = args[i].nbytes() / rows;
       auto* to = static_cast<char*>(padded[i].data_ptr());
       const auto* from = static_cast<const char*>(args[i].const_data_ptr());
@@ -546,11 +544,18 @@ std::vector<at::Tensor> Graph::run_padded(const std::vector<at::Tensor>& args,
     }
   }
   auto results = run_checked(padded);
-  for (auto& r : results)
-    if (r.dim() > 0 && r.size(0) == _min_rows)
-      // The graph's own fresh result, cut to the rows asked for in place (strides kept):
-      // what narrow() gives without a dispatch.
-      r.unsafeGetTensorImpl()->set_size(0, rows);
+  for (auto& r : results) {
+    if (r.dim() == 0 || r.size(0) != _min_rows)
+      continue;
+    // A result that is a padded argument (an input passed through, as the same tensor) is
+    // copied: the buffer is written again by the next padded call.
+    if (std::any_of(padded.begin(), padded.end(),
+                    [&](const at::Tensor& a) { return a.defined() && a.is_alias_of(r); }))
+      r = r.clone();
+    // The graph's own fresh result, cut to the rows asked for in place (strides kept):
+    // what narrow() gives without a dispatch.
+    r.unsafeGetTensorImpl()->set_size(0, rows);
+  }
   return results;
 }
 

@@ -13,6 +13,7 @@
 
 #include <neml2/detail/graph_calls.hpp>
 
+#include "../src/graph.hpp"  // one graph, for its padded calls
 #include "../src/newton.hpp" // the Newton loop itself, for the line-search paths
 #include "model_checks.hpp"
 
@@ -819,4 +820,21 @@ TEST_CASE("converged rows are not evaluated again: the graphs see only the rows 
   const auto& all_rows = masked.at("model_solve");
   CHECK(all_rows.size() == solves.size());
   CHECK(std::all_of(all_rows.begin(), all_rows.end(), [](auto n) { return n == 64; }));
+}
+
+TEST_CASE("a padded call's result that is its input passed through is its own memory") {
+  // J2's predictor returns its input (the last step's flow rate), as the very tensor it was
+  // given: a one-row call gives it the graph's two-row padding buffer, which the next
+  // padded call writes again.
+  const auto a =
+      read_artifact(resolve_artifact_root(test::stub("j2_radial_return", "model"), "model"));
+  const neml2::detail::Graph predictor(a.root / "cpu" / "float64", "model_seg1_predictor.pt2",
+                                       c10::Device(c10::kCPU), at::kDouble, 1, "predictor_package");
+  auto sizes = predictor.signature().inputs.at(0).sizes;
+  sizes.at(0) = 1;
+  const auto first = predictor.run({at::full(sizes, 0.25, at::kDouble)}).at(0);
+  const auto second = predictor.run({at::full(sizes, 0.75, at::kDouble)}).at(0);
+  CHECK(first.size(0) == 1);
+  CHECK(at::equal(first, at::full(sizes, 0.25, at::kDouble)));
+  CHECK(at::equal(second, at::full(sizes, 0.75, at::kDouble)));
 }
