@@ -595,7 +595,7 @@ std::vector<at::Tensor> Graph::run_container(const std::vector<at::Tensor>& args
   const auto error =
       ContainerEntry::run(runner)(ContainerEntry::container(runner), in.data(), in.size(),
                                   out.data(), out.size(), nullptr, ContainerEntry::proxy(runner));
-  if (error != AOTI_RUNTIME_SUCCESS)
+  if (error != AOTI_RUNTIME_SUCCESS) // the handles are left: taken or not, nothing says
     throw FatalError(fmt::format("running '{}' on {}: the AOTI runtime's call failed (its reason "
                                  "is printed above, on standard error)",
                                  _file, _device));
