@@ -181,7 +181,8 @@ struct AnyDispatchedModel::Impl {
   // runs it as one chunk there and the call needs nothing bind() would convert, broadcast
   // or refuse (SessionAccess::batch_as_given): no BoundCall, no chunk. nullopt: take the
   // bound path.
-  std::optional<std::vector<at::Tensor>> forward_as_given(const std::vector<at::Tensor>& inputs) const {
+  std::optional<std::vector<at::Tensor>>
+  forward_as_given(const std::vector<at::Tensor>& inputs) const {
     if (_asynchronous || _observer || _before_chunk || !session().named_parameters().empty())
       return std::nullopt;
     return detail::translate_foreign_errors(

@@ -566,8 +566,8 @@ std::int64_t detail::SessionAccess::batch_as_given(const Session& s,
   return batch;
 }
 
-std::vector<at::Tensor> detail::SessionAccess::forward_as_given(const Session& s,
-                                                                const std::vector<at::Tensor>& inputs) {
+std::vector<at::Tensor>
+detail::SessionAccess::forward_as_given(const Session& s, const std::vector<at::Tensor>& inputs) {
   return s._impl->value_graph.run(inputs);
 }
 

@@ -29,7 +29,8 @@ struct SessionAccess {
                                       std::optional<c10::Device> required_device);
   /// The inputs of a call by name, in input_names() order; a FatalError for a missing or
   /// unknown name.
-  [[nodiscard]] static std::vector<at::Tensor> positional(const Session& s, const TensorMap& inputs);
+  [[nodiscard]] static std::vector<at::Tensor> positional(const Session& s,
+                                                          const TensorMap& inputs);
   /// The batch of a forward() call the value graph may take as it is (see
   /// forward_as_given), or 0 for any other call: a model with a solve or parameters, off the
   /// CPU, an input that is not dense `(B, *base)` in the model's dtype on the CPU, batches
@@ -38,8 +39,8 @@ struct SessionAccess {
                                                    const std::vector<at::Tensor>& inputs);
   /// forward() of a call batch_as_given() accepted: the value graph on the inputs as given,
   /// results in output_names() order.
-  [[nodiscard]] static std::vector<at::Tensor> forward_as_given(const Session& s,
-                                                                const std::vector<at::Tensor>& inputs);
+  [[nodiscard]] static std::vector<at::Tensor>
+  forward_as_given(const Session& s, const std::vector<at::Tensor>& inputs);
   /// Runs `op` on one chunk (see ChunkArgs); results in slot order. `places`: where each
   /// result will be written (slot order; undefined: not by rows), which a result of an
   /// explicit model on the CPU may be computed in directly (see Landing).

@@ -235,6 +235,7 @@ TEST_CASE("forward() straight through the graph only when the call needs nothing
                      return whole.forward({{"strain", strain}, {"extra", strain}});
                    }),
                    "unknown input 'extra'"));
-    CHECK(contains(test::fatal_message([&] { return whole.forward({}); }), "missing input 'strain'"));
+    CHECK(contains(test::fatal_message([&] { return whole.forward({}); }),
+                   "missing input 'strain'"));
   }
 }
