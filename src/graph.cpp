@@ -199,10 +199,12 @@ struct ContainerEntry : torch::inductor::AOTIModelContainerRunner {
   static AOTIProxyExecutorHandle proxy(const AOTIModelContainerRunner& r) {
     return r.*(&ContainerEntry::proxy_executor_handle_);
   }
-  static std::size_t outputs(const AOTIModelContainerRunner& r) {
+  static std::size_t outputs(const AOTIModelContainerRunner& r, const std::string& file) {
     std::size_t n = 0;
     if ((r.*(&ContainerEntry::get_num_outputs_func_))(container(r), &n) != AOTI_RUNTIME_SUCCESS)
-      throw FatalError("the AOTI runtime could not say how many results the graph returns");
+      throw FatalError(fmt::format("loading '{}': its compiled library could not say how many "
+                                   "results it returns; recompile the artifact with neml2-compile",
+                                   file));
     return n;
   }
 };
@@ -346,7 +348,7 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
             _file, "model", /*run_single_threaded=*/false,
             /*num_runners=*/runners, device.index());
       });
-  _container_outputs = ContainerEntry::outputs(*_loader->get_runner());
+  _container_outputs = ContainerEntry::outputs(*_loader->get_runner(), _file);
 }
 
 Graph::Graph() = default;
@@ -597,7 +599,9 @@ std::vector<at::Tensor> Graph::run_container(const std::vector<at::Tensor>& args
                                   out.data(), out.size(), nullptr, ContainerEntry::proxy(runner));
   if (error != AOTI_RUNTIME_SUCCESS) // the handles are left: taken or not, nothing says
     throw FatalError(fmt::format("running '{}' on {}: the AOTI runtime's call failed (its reason "
-                                 "is printed above, on standard error)",
+                                 "is printed above, on standard error); a graph that fails on "
+                                 "inputs this library accepted does not match its artifact: "
+                                 "recompile it with neml2-compile",
                                  _file, _device));
   std::vector<at::Tensor> results(out.size());
   for (std::size_t r = 0; r < out.size(); ++r) {
