@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include <ATen/ATen.h>
 #include <mpi.h>
 
 #include <neml2/dispatch.hpp>

@@ -6,8 +6,6 @@
 
 #include <iostream>
 
-#include <ATen/ATen.h>
-
 #include <neml2/dispatch.hpp>
 
 int main(int argc, char** argv) {

@@ -12,8 +12,6 @@
 #include <filesystem>
 #include <map>
 
-#include <ATen/ATen.h>
-
 namespace {
 
 std::vector<neml2::Device> available_devices(const std::filesystem::path& root) {

@@ -8,8 +8,6 @@
 
 #include <iostream>
 
-#include <ATen/ATen.h>
-
 #include <neml2/dispatch.hpp>
 
 namespace {

@@ -1,10 +1,10 @@
-// Compiled without ATen (no precompiled header): what a host's file that only loads, holds
-// and calls a model sees of <neml2/dispatch.hpp>. It fails to compile if a public header
-// brings in ATen's Tensor class again.
-
-#include <neml2/dispatch.hpp>
+// Compiled without ATen (no precompiled header): what a host's file that only holds and
+// calls a model sees of <neml2/dispatch_fwd.hpp>. It fails to compile if that header
+// brings in ATen's Tensor class.
 
 #include "header_light.hpp"
+
+#include <neml2/dispatch_fwd.hpp>
 
 namespace {
 template <class T, class = decltype(sizeof(T))>
@@ -18,15 +18,10 @@ constexpr bool complete(...) {
 } // namespace
 
 static_assert(!complete<at::Tensor>(0),
-              "<neml2/dispatch.hpp> defines at::Tensor: a public header includes ATen again; "
-              "declare the type instead (see errors.hpp)");
+              "<neml2/dispatch_fwd.hpp> defines at::Tensor: it includes ATen; declare the "
+              "type instead (see errors.hpp)");
 
 namespace light {
-
-neml2::AnyDispatchedModel load_pooled(const std::filesystem::path& stub, std::int64_t chunk) {
-  return neml2::load_model(stub, neml2::GreedyPriorityCapacity{.devices = {"cpu"},
-                                                               .batch_sizes = {chunk}});
-}
 
 void step(const neml2::AnyDispatchedModel& model, const neml2::TensorMap& inputs,
           const neml2::TensorMap& outputs) {

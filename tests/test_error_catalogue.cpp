@@ -13,7 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
-#include "../src/session_access.hpp" // binding a call, as the engine does
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 #include "scratch.hpp"
 
@@ -237,7 +237,7 @@ TEST_CASE("an implicit segment without its Jacobian or solve graph") {
 }
 
 TEST_CASE("every other implicit feature not run here is refused at load, by name") {
-  // test_artifact.cpp checks the line search, the solver kind and substepping.
+  // test_artifact.cpp checks the line search, the solver kind and substepping's bad roles.
   const std::vector<std::pair<std::function<void(json&)>, std::string>> refused = {
       {[](json& s) { s["matvec_package"] = "model_matvec.pt2"; },
        "field 'segments[0].solve_package': a matvec_package (a Krylov solve) under a direct "
@@ -455,16 +455,16 @@ TEST_CASE("a dispatcher binds the wrong number of positional inputs, or extras t
   const auto strain = at::zeros({2, 6}, at::kDouble);
   fails_with(
       [&] {
-        return neml2::detail::SessionAccess::bind(s, Operation::forward,
-                                                  std::vector<at::Tensor>{strain, strain}, {},
-                                                  s.named_parameters(), {});
+        return neml2::detail::CallProtocol::bind(s, Operation::forward,
+                                                 std::vector<at::Tensor>{strain, strain}, {},
+                                                 s.named_parameters(), {});
       },
       "2 input tensors given, but this model takes 1, in this order: strain");
   fails_with(
       [&] {
-        return neml2::detail::SessionAccess::bind(s, Operation::forward,
-                                                  TensorMap{{"strain", strain}},
-                                                  {{"strain", strain}}, s.named_parameters(), {});
+        return neml2::detail::CallProtocol::bind(s, Operation::forward,
+                                                 TensorMap{{"strain", strain}},
+                                                 {{"strain", strain}}, s.named_parameters(), {});
       },
       "extra tensors given to an operation that takes none");
 }

@@ -4,7 +4,7 @@
 // The per-row model also loads through its stub, which repeats its [Tensors] section (a
 // triple-quoted multi-line expr) and its [Settings].
 
-#include "../src/graph.hpp" // what the graph says about its batch
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 #include "scratch.hpp"
 

@@ -13,8 +13,7 @@
 
 #include <neml2/detail/graph_calls.hpp>
 
-#include "../src/graph.hpp"  // one graph, for its padded calls
-#include "../src/newton.hpp" // the Newton loop itself, for the line-search paths
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 
 using namespace neml2;

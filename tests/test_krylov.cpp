@@ -6,7 +6,7 @@
 #include <functional>
 #include <limits>
 
-#include "../src/newton.hpp" // GMRES and the Newton loop, over graphs written here
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 #include "scratch.hpp"
 

@@ -10,7 +10,7 @@
 
 #include <neml2/detail/graph_calls.hpp>
 
-#include "../src/newton.hpp" // the Newton loop itself, over graphs written here
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 
 using namespace neml2;

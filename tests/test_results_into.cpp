@@ -4,7 +4,7 @@
 
 #include <thread>
 
-#include "../src/result_memory.hpp"
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -49,11 +49,14 @@ Tensors like(const Tensors& results) {
 // Dense tensors of the same shapes, filled with a sentinel: results may land in them.
 template <class Tensors>
 Tensors dense_like(const Tensors& results) {
-  return each(results,
-              [](const at::Tensor& t) { return at::full_like(t, 42, at::MemoryFormat::Contiguous); });
+  return each(results, [](const at::Tensor& t) {
+    return at::full_like(t, 42, at::MemoryFormat::Contiguous);
+  });
 }
 
-std::size_t landed() { return neml2::detail::Landing::landed_on_this_thread(); }
+std::size_t landed() {
+  return neml2::detail::Landing::landed_on_this_thread();
+}
 
 neml2::detail::Places places(std::initializer_list<at::Tensor> tensors) {
   neml2::detail::Places at;
@@ -267,7 +270,8 @@ TEST_CASE("a landing hands its targets to this thread's allocations of their siz
     neml2::detail::Landing landing(places({target, other}), {});
     std::thread([&] { // another thread allocates as before
       CHECK(at::empty({4, 6}, at::kDouble).data_ptr() != target.data_ptr());
-    }).join();
+    })
+        .join();
     const auto a = at::empty({4, 6}, at::kDouble);
     const auto b = at::empty({4, 6}, at::kDouble);
     const auto c = at::empty({2, 6}, at::kDouble);

@@ -24,8 +24,8 @@
 
 #include <neml2/memory.hpp>
 
-#include "../src/worker_pool.hpp" // WorkerPool::live_threads
 #include "counting_allocator.hpp"
+#include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 
 using namespace neml2;

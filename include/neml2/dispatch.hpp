@@ -1,8 +1,9 @@
 #pragma once
 
 /// @file dispatch.hpp
-/// @brief Everything a single-node user needs: devices, artifacts, sessions, policies and
-/// DispatchedModel.
+/// @brief Everything a single-node user needs: ATen (to make and read tensors), devices,
+/// artifacts, sessions, policies and DispatchedModel. A file that only holds or passes
+/// models can include <neml2/dispatch_fwd.hpp> instead.
 /// @code
 /// #include <neml2/dispatch.hpp>
 /// auto model = neml2::load_model("aoti/model_aoti.i", "model",
@@ -10,8 +11,11 @@
 /// auto stress = model.forward({{"strain", strain}}).at("stress");
 /// @endcode
 
+#include <ATen/ATen.h>
+
 #include <neml2/artifact.hpp>
 #include <neml2/device.hpp>
+#include <neml2/dispatch_fwd.hpp>
 #include <neml2/dispatched_model.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/memory.hpp>

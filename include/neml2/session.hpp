@@ -23,7 +23,7 @@ namespace neml2 {
 enum class Operation { forward, jvp, jacobian, param_jacobian, param_vjp };
 
 namespace detail {
-struct SessionAccess;
+struct CallProtocol;
 }
 
 /// Tensors keyed by variable (or parameter) name.
@@ -118,7 +118,7 @@ public:
   ///@}
 
 private:
-  friend struct detail::SessionAccess; // the dispatchers' surface: src/session_access.hpp
+  friend struct detail::CallProtocol; // the engine's surface: src/session/call_protocol.hpp
 
   [[nodiscard]] std::vector<at::Tensor> run_whole(Operation op, const TensorMap& inputs,
                                                   const TensorMap& extras) const;

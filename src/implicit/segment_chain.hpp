@@ -15,9 +15,10 @@
 #include <ATen/Tensor.h>
 
 #include <neml2/artifact.hpp>
-#include "call.hpp"
 
-#include "newton.hpp"
+#include "graph/call.hpp"
+#include "implicit/newton.hpp"
+#include "implicit/substepping.hpp"
 
 namespace neml2::detail {
 

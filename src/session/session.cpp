@@ -7,14 +7,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "chunking.hpp"
-#include "result_memory.hpp"
-#include "session_access.hpp"
-#include "worker_pool.hpp"
 #include <neml2/session.hpp>
 
-#include "graph.hpp"
-#include "segment_chain.hpp"
+#include "core/device_sync.hpp"
+#include "core/shape_text.hpp"
+#include "graph/graph.hpp"
+#include "implicit/segment_chain.hpp"
+#include "session/call_protocol.hpp"
+#include "session/result_memory.hpp"
 
 namespace fs = std::filesystem;
 
@@ -77,7 +77,7 @@ struct Session::Impl {
   bool outputs_in_master_order = true;  // the value graph returns outputs in master order
   bool graph_takes_inputs_as_is = true; // no reordering, no parameters
 
-  // Runs `op` of a model without a solve (SessionAccess::run).
+  // Runs `op` of a model without a solve (CallProtocol::run).
   std::vector<at::Tensor> run_explicit(Operation op, detail::ChunkArgs& chunk) const;
 
   // Runs a graph that takes the structural inputs then the parameters.
@@ -434,17 +434,17 @@ std::vector<at::Tensor> Session::Impl::positional_inputs(const TensorMap& inputs
   return positional;
 }
 
-detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
-                                              const TensorMap& inputs, const TensorMap& extras,
-                                              const TensorMap& params,
-                                              std::optional<c10::Device> required_device) {
+detail::BoundCall detail::CallProtocol::bind(const Session& s, Operation op,
+                                             const TensorMap& inputs, const TensorMap& extras,
+                                             const TensorMap& params,
+                                             std::optional<c10::Device> required_device) {
   return bind(s, op, s._impl->positional_inputs(inputs), extras, params, required_device);
 }
 
-detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
-                                              std::vector<at::Tensor> inputs,
-                                              const TensorMap& extras, const TensorMap& params,
-                                              std::optional<c10::Device> required_device) {
+detail::BoundCall detail::CallProtocol::bind(const Session& s, Operation op,
+                                             std::vector<at::Tensor> inputs,
+                                             const TensorMap& extras, const TensorMap& params,
+                                             std::optional<c10::Device> required_device) {
   const auto& m = *s._impl;
   m.require_operation(op);
   detail::BoundCall call;
@@ -538,13 +538,13 @@ detail::BoundCall detail::SessionAccess::bind(const Session& s, Operation op,
   return call;
 }
 
-std::vector<at::Tensor> detail::SessionAccess::positional(const Session& s,
+std::vector<at::Tensor> detail::CallProtocol::positional(const Session& s,
                                                          const TensorMap& inputs) {
   return s._impl->positional_inputs(inputs);
 }
 
-std::int64_t detail::SessionAccess::batch_as_given(const Session& s,
-                                                   const std::vector<at::Tensor>& inputs) {
+std::int64_t detail::CallProtocol::batch_as_given(const Session& s,
+                                                  const std::vector<at::Tensor>& inputs) {
   const auto& m = *s._impl;
   if (m.chain || !m.graph_takes_inputs_as_is || !m.outputs_in_master_order ||
       !m.torch_device.is_cpu() || inputs.size() != m.input_names.size() ||
@@ -567,15 +567,15 @@ std::int64_t detail::SessionAccess::batch_as_given(const Session& s,
 }
 
 std::vector<at::Tensor>
-detail::SessionAccess::forward_as_given(const Session& s, const std::vector<at::Tensor>& inputs) {
+detail::CallProtocol::forward_as_given(const Session& s, const std::vector<at::Tensor>& inputs) {
   return s._impl->value_graph.run(inputs);
 }
 
 // ------------------------------------------------------------------ running a chunk
 
-std::vector<at::Tensor> detail::SessionAccess::run(const Session& s, Operation op,
-                                                   detail::ChunkArgs& chunk,
-                                                   std::span<const detail::Place> places) {
+std::vector<at::Tensor> detail::CallProtocol::run(const Session& s, Operation op,
+                                                  detail::ChunkArgs& chunk,
+                                                  std::span<const detail::Place> places) {
   const auto& m = *s._impl;
   // The chunk's work goes to the compute device whichever device is current on this thread
   // (put back after); nothing at all on the CPU.
@@ -668,8 +668,8 @@ std::vector<at::Tensor> Session::Impl::run_explicit(Operation op, detail::ChunkA
 
 // ------------------------------------------------------------------ results as maps
 
-TensorMap detail::SessionAccess::forward_result(const Session& s,
-                                                std::vector<at::Tensor>&& results) {
+TensorMap detail::CallProtocol::forward_result(const Session& s,
+                                               std::vector<at::Tensor>&& results) {
   TensorMap out;
   for (std::size_t o = 0; o < s._impl->output_names.size(); ++o)
     out.emplace(s._impl->output_names[o], std::move(results[o]));
@@ -677,7 +677,7 @@ TensorMap detail::SessionAccess::forward_result(const Session& s,
 }
 
 std::pair<TensorMap, TensorMap>
-detail::SessionAccess::jvp_result(const Session& s, std::vector<at::Tensor>&& results) {
+detail::CallProtocol::jvp_result(const Session& s, std::vector<at::Tensor>&& results) {
   const auto n_out = s._impl->output_names.size();
   TensorMap tangents;
   for (std::size_t o = 0; o < n_out; ++o)
@@ -686,7 +686,7 @@ detail::SessionAccess::jvp_result(const Session& s, std::vector<at::Tensor>&& re
 }
 
 std::pair<TensorMap, VariablePairJacobian>
-detail::SessionAccess::jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
+detail::CallProtocol::jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
   const auto& m = *s._impl;
   const auto n_out = m.output_names.size();
   VariablePairJacobian J;
@@ -697,7 +697,7 @@ detail::SessionAccess::jacobian_result(const Session& s, std::vector<at::Tensor>
 }
 
 std::pair<TensorMap, VariablePairJacobian>
-detail::SessionAccess::param_jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
+detail::CallProtocol::param_jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
   const auto& m = *s._impl;
   const auto n_out = m.output_names.size();
   std::map<std::string, std::string> public_param;
@@ -718,8 +718,8 @@ detail::SessionAccess::param_jacobian_result(const Session& s, std::vector<at::T
   return {forward_result(s, std::move(results)), std::move(P)};
 }
 
-TensorMap detail::SessionAccess::param_vjp_result(const Session& s,
-                                                  std::vector<at::Tensor>&& results) {
+TensorMap detail::CallProtocol::param_vjp_result(const Session& s,
+                                                 std::vector<at::Tensor>&& results) {
   TensorMap grads;
   for (std::size_t k = 0; k < s._impl->vjp_params.size(); ++k)
     grads.emplace(s._impl->artifact->parameters[s._impl->vjp_params[k]].public_name,
@@ -749,10 +749,10 @@ void take_named(const TensorMap& given, const std::vector<std::string>& names, c
 }
 } // namespace
 
-detail::Destinations detail::SessionAccess::destinations(const Session& s, Operation op,
-                                                         const TensorMap& values,
-                                                         const TensorMap& tangents,
-                                                         const VariablePairJacobian& blocks) {
+detail::Destinations detail::CallProtocol::destinations(const Session& s, Operation op,
+                                                        const TensorMap& values,
+                                                        const TensorMap& tangents,
+                                                        const VariablePairJacobian& blocks) {
   const auto& m = *s._impl;
   m.require_operation(op);
   detail::Destinations into;
@@ -805,10 +805,10 @@ detail::Destinations detail::SessionAccess::destinations(const Session& s, Opera
 std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs,
                                            const TensorMap& extras) const {
   return detail::translate_foreign_errors("neml2::Session", [&] {
-    using Access = detail::SessionAccess;
+    using Access = detail::CallProtocol;
     auto call = Access::bind(*this, op, inputs, extras, _impl->parameters, _impl->torch_device);
     if (call.batch == 0)
-      return detail::Gatherer(call, _impl->dtype).finish();
+      return detail::empty_results(call, _impl->dtype);
     detail::ChunkArgs chunk;
     detail::take_all(call, _impl->torch_device, chunk);
     try {
@@ -841,25 +841,25 @@ void Session::set_solver_config(const SolverConfig& config) {
 }
 
 TensorMap Session::forward(const TensorMap& inputs) const {
-  return detail::SessionAccess::forward_result(*this, run_whole(Operation::forward, inputs, {}));
+  return detail::CallProtocol::forward_result(*this, run_whole(Operation::forward, inputs, {}));
 }
 
 std::pair<TensorMap, TensorMap> Session::jvp(const TensorMap& inputs,
                                              const TensorMap& tangents) const {
-  return detail::SessionAccess::jvp_result(*this, run_whole(Operation::jvp, inputs, tangents));
+  return detail::CallProtocol::jvp_result(*this, run_whole(Operation::jvp, inputs, tangents));
 }
 
 std::pair<TensorMap, VariablePairJacobian> Session::jacobian(const TensorMap& inputs) const {
-  return detail::SessionAccess::jacobian_result(*this, run_whole(Operation::jacobian, inputs, {}));
+  return detail::CallProtocol::jacobian_result(*this, run_whole(Operation::jacobian, inputs, {}));
 }
 
 std::pair<TensorMap, VariablePairJacobian> Session::param_jacobian(const TensorMap& inputs) const {
-  return detail::SessionAccess::param_jacobian_result(
+  return detail::CallProtocol::param_jacobian_result(
       *this, run_whole(Operation::param_jacobian, inputs, {}));
 }
 
 TensorMap Session::param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
-  return detail::SessionAccess::param_vjp_result(
+  return detail::CallProtocol::param_vjp_result(
       *this, run_whole(Operation::param_vjp, inputs, cotangents));
 }
 

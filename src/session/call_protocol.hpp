@@ -1,6 +1,6 @@
 #pragma once
 
-// What dispatchers need of a Session beyond its public surface: a call bound once,
+// The call protocol between a Session and the engine: a call bound once,
 // then run chunk by chunk, and its positional results turned into the public maps.
 
 #include <optional>
@@ -8,13 +8,14 @@
 #include <utility>
 #include <vector>
 
-#include "call.hpp"
-#include "result_memory.hpp"
 #include <neml2/session.hpp>
+
+#include "graph/call.hpp"
+#include "session/result_memory.hpp"
 
 namespace neml2::detail {
 
-struct SessionAccess {
+struct CallProtocol {
   /// Checks names, shapes, dtype and batch sizes, and puts the tensors in positional
   /// order without copying. `extras` are the tangents (jvp) or cotangents (param_vjp).
   /// `params` are the parameters to use (named_parameters() or a dispatcher's master
@@ -44,8 +45,7 @@ struct SessionAccess {
   /// Runs `op` on one chunk (see ChunkArgs); results in slot order. `places`: where each
   /// result will be written (slot order; undefined: not by rows), which a result of an
   /// explicit model on the CPU may be computed in directly (see Landing).
-  [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op,
-                                                   ChunkArgs& chunk,
+  [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op, ChunkArgs& chunk,
                                                    std::span<const Place> places = {});
   /// The positional results of each operation as the public maps.
   [[nodiscard]] static TensorMap forward_result(const Session& s,

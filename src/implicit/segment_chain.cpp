@@ -2,7 +2,7 @@
 // implicit ones; Jacobians chained through every segment (implicit ones by the implicit
 // function theorem, du/dg = -A^{-1} B, from their compiled graphs).
 
-#include "segment_chain.hpp"
+#include "implicit/segment_chain.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -15,7 +15,7 @@
 
 #include <neml2/errors.hpp>
 
-#include "graph.hpp"
+#include "graph/graph.hpp"
 
 namespace neml2::detail {
 namespace {

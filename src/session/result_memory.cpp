@@ -3,7 +3,7 @@
 // system (glibc unmaps blocks above 32 MiB on free, so each fresh result of that size
 // faults in every page again).
 
-#include "result_memory.hpp"
+#include "session/result_memory.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -125,7 +125,8 @@ void leave_in_place(void*) {} // a target's memory is its tensor's owner's
 // wraps, unchanged (its DataPtr and deleter as they were).
 class LandingAllocator final : public c10::Allocator {
 public:
-  explicit LandingAllocator(c10::Allocator* next) : _next(next) {}
+  explicit LandingAllocator(c10::Allocator* next)
+      : _next(next) {}
 
   c10::DataPtr allocate(std::size_t bytes) override {
     if (auto* landing = current_landing; landing && bytes > 0)
@@ -179,7 +180,7 @@ Place place_of(const at::Tensor& t) noexcept {
 
 Landing::Landing(std::span<const Place> targets,
                  std::initializer_list<const std::vector<at::Tensor>*> reads)
-  : _outer(current_landing) {
+    : _outer(current_landing) {
   for (std::size_t i = 0; i < targets.size(); ++i) {
     const auto& t = targets[i];
     auto& target = _targets.emplace_back();
@@ -198,7 +199,9 @@ Landing::Landing(std::span<const Place> targets,
   current_landing = this;
 }
 
-Landing::~Landing() { end(); }
+Landing::~Landing() {
+  end();
+}
 
 void Landing::end() noexcept {
   if (_armed)
@@ -216,7 +219,9 @@ void* Landing::claim(std::size_t bytes) noexcept {
   return nullptr;
 }
 
-std::size_t Landing::landed_on_this_thread() noexcept { return landed; }
+std::size_t Landing::landed_on_this_thread() noexcept {
+  return landed;
+}
 
 void Landing::settle(std::vector<at::Tensor>& results) {
   end();

@@ -1,7 +1,7 @@
 // Loading one compiled graph and checking it: against its own file name, against what
 // metadata.json implies, and on every call.
 
-#include "graph.hpp"
+#include "graph/graph.hpp"
 
 #include <algorithm>
 #include <array>
@@ -23,9 +23,10 @@
 #include <torch/csrc/inductor/aoti_torch/utils.h>
 #include <torch/library.h>
 
-#include "chunking.hpp"
 #include <neml2/detail/graph_calls.hpp>
 #include <neml2/errors.hpp>
+
+#include "core/shape_text.hpp"
 
 namespace fs = std::filesystem;
 

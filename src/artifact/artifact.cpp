@@ -11,7 +11,7 @@
 
 #include <neml2/artifact.hpp>
 
-#include "files.hpp"
+#include "artifact/files.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;

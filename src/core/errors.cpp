@@ -1,8 +1,8 @@
-#include <neml2/errors.hpp>
-
 #include <limits>
 
 #include <ATen/ATen.h>
+
+#include <neml2/errors.hpp>
 
 namespace neml2 {
 
@@ -32,7 +32,9 @@ ConvergenceError::ConvergenceError(const std::string& message, at::Tensor conver
     , _rows(std::make_shared<const Rows>(
           Rows{std::move(converged), worst_residual, std::move(results), std::move(outputs)})) {}
 
-bool ConvergenceError::per_row() const noexcept { return rows().converged.defined(); }
+bool ConvergenceError::per_row() const noexcept {
+  return rows().converged.defined();
+}
 
 const at::Tensor& ConvergenceError::converged_mask() const noexcept {
   return rows().converged;

@@ -17,7 +17,7 @@
 
 #include <neml2/artifact.hpp>
 
-#include "files.hpp"
+#include "artifact/files.hpp"
 
 namespace fs = std::filesystem;
 

@@ -1,0 +1,131 @@
+#pragma once
+
+/// @file detail/model_core.hpp
+/// @brief The compiled half of every DispatchedModel (src/engine/): its sessions and the
+/// tensor work of a call (binding, chunks, gathering, landing), behind a small interface
+/// the policy templates drive. fmt's pattern: templates over a type-erased core.
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <neml2/artifact.hpp>
+#include <neml2/detail/destinations.hpp>
+#include <neml2/errors.hpp>
+#include <neml2/observer.hpp>
+#include <neml2/session.hpp>
+
+namespace neml2::detail {
+
+/// One call on its way into the engine.
+struct Request {
+  Operation op = Operation::forward;
+  std::vector<at::Tensor> inputs;     ///< in input_names() order
+  const TensorMap* extras = nullptr;  ///< the tangents (jvp) or cotangents (param_vjp)
+  const Destinations* into = nullptr; ///< the caller's tensors for the results (`_into`)
+};
+
+/// Calls f(first, rows, index) for consecutive chunks of `rows` rows (> 0) covering
+/// [0, batch): the one row loop of the engine.
+template <class F>
+void for_each_chunk(std::int64_t batch, std::int64_t rows, F&& f) {
+  std::size_t index = 0;
+  for (std::int64_t first = 0; first < batch; first += rows, ++index)
+    f(first, rows < batch - first ? rows : batch - first, index);
+}
+
+/// @brief One session per device a policy lists, the promoted parameters (the first
+/// session's), the observer, and the steps of a call that do not depend on the policy.
+class ModelCore {
+public:
+  /// Loads a session of `artifact` per device, each taking `concurrency[d]` calls at once.
+  ModelCore(std::shared_ptr<const Artifact> artifact, std::vector<Device> devices,
+            const std::vector<std::size_t>& concurrency, c10::ScalarType dtype);
+  ~ModelCore();
+  ModelCore(const ModelCore&) = delete;
+  ModelCore& operator=(const ModelCore&) = delete;
+
+  /// The first session: the master parameters, the metadata.
+  [[nodiscard]] const Session& session() const noexcept;
+  [[nodiscard]] Session& session() noexcept;
+  [[nodiscard]] const std::vector<Session>& sessions() const noexcept;
+  [[nodiscard]] std::vector<Session>& sessions() noexcept;
+  /// The devices, as the policy listed them.
+  [[nodiscard]] const std::vector<Device>& devices() const noexcept;
+  /// The index of `device` in devices(); a FatalError when the policy does not list it.
+  [[nodiscard]] std::size_t device_index(const Device& device) const;
+  void set_observer(ChunkObserver observer);
+
+  /// The inputs by name in input_names() order; a FatalError for a missing or unknown name.
+  [[nodiscard]] std::vector<at::Tensor> positional(const TensorMap& inputs) const;
+  /// The caller's tensors for `op`'s results (see AnyDispatchedModel::forward_into).
+  [[nodiscard]] Destinations destinations(Operation op, const TensorMap& values,
+                                          const TensorMap& tangents,
+                                          const VariablePairJacobian& blocks) const;
+
+  /// The batch of a forward() the value graph on device `d` may take as given (a small
+  /// dense CPU batch of a model without solve or parameters, nothing observed), or 0: then
+  /// the call takes the bound path.
+  [[nodiscard]] std::int64_t batch_as_given(std::size_t d,
+                                            const std::vector<at::Tensor>& inputs) const;
+  /// forward() of a call batch_as_given() accepted: outputs in output_names() order.
+  [[nodiscard]] std::vector<at::Tensor>
+  forward_as_given(std::size_t d, const std::vector<at::Tensor>& inputs) const;
+
+  /// @name Results in slot order as the public maps.
+  ///@{
+  [[nodiscard]] TensorMap forward_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] std::pair<TensorMap, TensorMap> jvp_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
+  jacobian_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
+  param_jacobian_result(std::vector<at::Tensor>&& results) const;
+  [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
+  ///@}
+
+  /// Inside a handler of `error`: rethrows it with its outputs by name when it is a per-row
+  /// failure that carries results only, else as it is.
+  [[noreturn]] void rethrow_with_outputs(const ConvergenceError& error) const;
+
+  struct State; // src/engine/model_core.hpp
+  [[nodiscard]] const State& state() const noexcept { return *_state; }
+  [[nodiscard]] State& state() noexcept { return *_state; }
+
+private:
+  std::unique_ptr<State> _state;
+};
+
+/// @brief One call of a synchronous policy on the calling thread: bound at construction,
+/// then run whole or chunk by chunk as the policy's template loop says (src/engine/sync_call.cpp).
+class SyncCall {
+public:
+  SyncCall(const ModelCore& core, Request& request);
+  ~SyncCall();
+  SyncCall(const SyncCall&) = delete;
+  SyncCall& operator=(const SyncCall&) = delete;
+
+  /// The call's batch (1 when nothing carries a batch axis).
+  [[nodiscard]] std::int64_t batch() const noexcept { return _batch; }
+  /// The policy's chunk_rows(batch()), checked (a FatalError below 0), as 1 to batch()
+  /// rows (0: the whole batch).
+  [[nodiscard]] std::int64_t rows_per_chunk(std::int64_t chosen) const;
+  /// Whether the call runs as one chunk on device `d` in place: no slicing, no copy.
+  [[nodiscard]] bool runs_whole(std::size_t d, std::int64_t rows) const noexcept;
+  /// The whole call on device `d` (in cache-sized pieces on the CPU when large).
+  [[nodiscard]] std::vector<at::Tensor> run_whole(std::size_t d);
+  /// Rows [first, first + rows) on device `d`, put in place.
+  void run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index);
+  /// The gathered results (a ConvergenceError over the batch when rows failed).
+  [[nodiscard]] std::vector<at::Tensor> finish();
+
+private:
+  struct State;
+  std::unique_ptr<State> _state;
+  std::int64_t _batch = 0;
+};
+
+} // namespace neml2::detail

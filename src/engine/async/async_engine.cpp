@@ -1,0 +1,315 @@
+// The asynchronous engine: a call's chunks go where the policy says as devices have room,
+// on a worker per accelerator and on the calling thread for the CPU; the policy, its state
+// and the devices' loads are shared by every call under one lock (see
+// include/neml2/detail/async_engine.hpp).
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <optional>
+
+#include <ATen/ATen.h>
+
+#include <neml2/detail/async_engine.hpp>
+
+#include "engine/async/streams.hpp"
+#include "engine/async/worker_pool.hpp"
+#include "engine/chunk_runner.hpp"
+
+namespace neml2::detail {
+namespace {
+using clock = std::chrono::steady_clock;
+
+double seconds_since(clock::time_point start) {
+  return std::chrono::duration<double>(clock::now() - start).count();
+}
+
+// One error is rethrown as it is; several become an AggregateError in chunk order.
+void rethrow(std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
+  if (errors.empty())
+    return;
+  std::stable_sort(errors.begin(), errors.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  if (errors.size() == 1)
+    std::rethrow_exception(errors.front().second);
+  std::vector<std::exception_ptr> all;
+  for (auto& [index, error] : errors)
+    all.push_back(error);
+  throw AggregateError(std::move(all));
+}
+
+// One call of an asynchronous policy: what is left to dispatch, its chunks in flight, its
+// failures. Lives on the calling thread's stack; guarded by Engine::mutex.
+struct Progress {
+  Progress(Operation op, BoundCall& call, std::vector<at::Tensor> targets)
+      : op(op)
+      , call(call)
+      , targets(std::move(targets)) {}
+  Operation op;
+  BoundCall& call;
+  std::vector<at::Tensor> targets; // the caller's tensors, until `results` takes them
+  std::optional<Gatherer> results; // made before the first chunk goes to the pool
+  CallerStreams caller;            // recorded then: what workers wait for
+  std::int64_t first = 0;          // the next row to dispatch
+  std::size_t index = 0;           // the next chunk's number
+  std::size_t in_flight = 0;
+  struct Chunk {
+    std::int64_t first, rows;
+    std::size_t index;
+  };
+  std::deque<Chunk> caller_chunks; // for the lane the calling thread serves, not yet run
+  std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
+  std::condition_variable finished; // the calling thread sleeps here (or runs caller_chunks)
+  [[nodiscard]] bool done() const {
+    return in_flight == 0 && (first == call.batch || !errors.empty());
+  }
+};
+
+// What every call and worker of one asynchronous model shares, under one lock (the
+// policy's state included: PolicyCalls is called only with it held).
+struct Engine {
+  Engine(std::size_t devices, const std::vector<WorkerPool::Lane>& lanes)
+      : rows_in_flight(devices, 0)
+      , pool(lanes) {}
+  std::mutex mutex;
+  std::vector<std::int64_t> rows_in_flight; // per device
+  std::vector<Progress*> waiting_for_room;  // calls the policy told to wait
+  std::mutex caller_lane;                   // held by the thread running a chunk there
+  WorkerPool pool;                          // last: joined before the rest goes
+};
+} // namespace
+
+struct AsyncEngine::Impl {
+  Impl(const ModelCore& model, AsyncPolicyCalls& calls,
+       const std::vector<std::size_t>& chunks_in_flight)
+      : core(model.state())
+      , policy(calls) {
+    const auto& compute = core.compute;
+    const auto cpu = std::find_if(compute.begin(), compute.end(),
+                                  [](const c10::Device& d) { return d.is_cpu(); });
+    if (cpu != compute.end())
+      _caller_lane = static_cast<std::size_t>(cpu - compute.begin());
+    std::vector<WorkerPool::Lane> lanes;
+    for (std::size_t d = 0; d < compute.size(); ++d)
+      lanes.push_back({compute[d], d == _caller_lane ? 0 : chunks_in_flight[d]});
+    _engine = std::make_unique<Engine>(compute.size(), lanes);
+  }
+
+  [[nodiscard]] const Session& session() const noexcept { return core.sessions.front(); }
+
+  std::vector<at::Tensor> run(Request& request) const {
+    auto [call, targets] = bind(core, request);
+    return dispatch_async(request.op, call, std::move(targets));
+  }
+
+  // The calling thread dispatches what the policy allows, then sleeps until the call is
+  // done: a worker that completes a chunk dispatches the next ones itself, so nobody is
+  // woken per chunk.
+  std::vector<at::Tensor> dispatch_async(Operation op, BoundCall& call,
+                                         std::vector<at::Tensor> targets) const {
+    if (call.batch == 0)
+      return Gatherer(call, session().dtype(), false, std::move(targets)).finish();
+    auto& engine = *_engine;
+    Progress progress(op, call, std::move(targets));
+    std::vector<at::Tensor> direct;
+    std::unique_lock lock(engine.mutex);
+    if (const auto d = dispatch_ready(progress, /*may_run_here=*/true)) {
+      lock.unlock(); // one chunk in place: no pool, no copy
+      complete(*d, 0, call.batch, 0, progress, [&] {
+        direct = run_whole(core, op, call, *d, progress.targets);
+        finished_on(core, *d); // the policy's seconds end when the results are ready
+      });
+      lock.lock();
+    } else if (!progress.results && progress.errors.empty())
+      start_on_pool(progress); // the policy made it wait: started here, not on a worker
+    run_caller_chunks(progress, lock);
+    std::erase(engine.waiting_for_room, &progress);
+    lock.unlock();
+    rethrow(progress.errors);
+    if (!progress.results)
+      return direct;
+    // What chunks made on workers' streams goes to the calling thread: its stream owns it.
+    progress.results->for_each_made(own_on_this_stream);
+    return std::move(*progress.results).finish();
+  }
+
+  // The calling thread, until its call is done: runs the call's chunks on the lane it
+  // serves, one at a time across calls (Engine::mutex held on entry and exit).
+  void run_caller_chunks(Progress& p, std::unique_lock<std::mutex>& lock) const {
+    for (;;) {
+      p.finished.wait(lock, [&] { return p.done() || !p.caller_chunks.empty(); });
+      if (p.caller_chunks.empty())
+        return;
+      const auto chunk = p.caller_chunks.front();
+      p.caller_chunks.pop_front();
+      lock.unlock();
+      {
+        const std::lock_guard lane(_engine->caller_lane);
+        complete(*_caller_lane, chunk.first, chunk.rows, chunk.index, p,
+                 [&] { run_chunk_here(p, *_caller_lane, chunk.first, chunk.rows, chunk.index); });
+      }
+      lock.lock();
+    }
+  }
+
+  // A call's first chunk for the pool (on the calling thread, Engine::mutex held): where its
+  // streams stand, and its outputs allocated on them, before any worker sees the call.
+  void start_on_pool(Progress& p) const {
+    p.caller.record(p.call, p.targets);
+    p.results.emplace(p.call, session().dtype(), /*concurrent=*/true, std::move(p.targets));
+  }
+
+  // Dispatches the chunks the policy allows now (Engine::mutex held; any thread). Returns
+  // the device when the whole batch may run in place on the calling thread instead.
+  std::optional<std::size_t> dispatch_ready(Progress& p, bool may_run_here) const {
+    auto& engine = *_engine;
+    const auto batch = p.call.batch;
+    try {
+      while (p.first < batch && p.errors.empty()) {
+        const auto choice = policy.next_chunk(std::span<const std::int64_t>(engine.rows_in_flight),
+                                              batch - p.first);
+        if (!choice) {
+          if (std::all_of(engine.rows_in_flight.begin(), engine.rows_in_flight.end(),
+                          [](std::int64_t r) { return r == 0; }))
+            throw FatalError("the dispatch policy's next_chunk() gave no chunk while every "
+                             "device was idle (" +
+                             std::to_string(batch - p.first) + " of " + std::to_string(batch) +
+                             " rows left); return a ChunkChoice when a device has room, and "
+                             "nullopt only to wait for a chunk in flight");
+          if (std::find(engine.waiting_for_room.begin(), engine.waiting_for_room.end(), &p) ==
+              engine.waiting_for_room.end())
+            engine.waiting_for_room.push_back(&p);
+          return std::nullopt;
+        }
+        check(*choice, batch - p.first);
+        // Not a structured binding: the lambda below captures them (clang 14, the fuzz
+        // build's compiler, cannot capture bindings).
+        const auto d = choice->device;
+        const auto n = choice->rows;
+        policy.on_dispatched(d, n);
+        engine.rows_in_flight[d] += n;
+        ++p.in_flight;
+        const auto first = p.first;
+        const auto index = p.index++;
+        p.first += n;
+        if (may_run_here && n == batch && p.call.device == core.compute[d])
+          return d;
+        try {
+          if (!p.results) // only on the calling thread: dispatch_async starts the others
+            start_on_pool(p);
+          if (d == _caller_lane) {
+            p.caller_chunks.push_back({first, n, index});
+            p.finished.notify_one(); // the calling thread runs it
+            continue;
+          }
+          engine.pool.submit(d, [this, &p, d, n, first, index] {
+            complete(d, first, n, index, p, [&] {
+              p.caller.wait(); // after what the caller queued: its inputs, readers of outputs
+              run_chunk_here(p, d, first, n, index);
+            });
+          });
+        } catch (...) { // not queued: it will never complete
+          engine.rows_in_flight[d] -= n;
+          --p.in_flight;
+          throw;
+        }
+      }
+    } catch (...) {
+      p.errors.emplace_back(p.index, as_library_error(std::current_exception(),
+                                                      "the dispatch policy's next_chunk() "
+                                                      "or on_dispatched()"));
+    }
+    return std::nullopt;
+  }
+
+  // Runs a chunk, then books its completion (loads, the policy, the observer, the call)
+  // and dispatches what the freed room allows, for its call and for calls waiting for room.
+  template <class Run>
+  void complete(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index,
+                Progress& progress, Run&& run) const {
+    const auto start = clock::now();
+    std::exception_ptr error;
+    try {
+      run();
+    } catch (...) {
+      error =
+          as_library_error(std::current_exception(), "running a chunk on " + core.devices[d].str());
+    }
+    const auto seconds = seconds_since(start);
+    auto& engine = *_engine;
+    std::lock_guard lock(engine.mutex);
+    engine.rows_in_flight[d] -= rows;
+    try {
+      policy.on_completed(d, rows, seconds);
+      if (core.observer)
+        core.observer(core.event(index, d, first, rows, seconds));
+    } catch (...) {
+      if (!error)
+        error = as_library_error(std::current_exception(),
+                                 "the dispatch policy's on_completed() or the chunk "
+                                 "observer, after a chunk completed");
+    }
+    if (error)
+      progress.errors.emplace_back(index, error);
+    --progress.in_flight;
+    // Notified under the lock: a finished call's Progress goes as soon as it is released.
+    dispatch_ready(progress, false);
+    if (progress.done())
+      progress.finished.notify_one();
+    for (auto* other : std::exchange(engine.waiting_for_room, {})) {
+      dispatch_ready(*other, false);
+      if (other->done())
+        other->finished.notify_one();
+    }
+  }
+
+  // One chunk's rows, taken onto device d (staged through pinned memory from the host to an
+  // accelerator), run and put in place (any thread).
+  void run_chunk_here(Progress& p, std::size_t d, std::int64_t first, std::int64_t rows,
+                      std::size_t index) const {
+    const auto device = core.compute[d];
+    ChunkArgs chunk;
+    if (device.is_cpu() || device == p.call.device)
+      take_rows(p.call, first, rows, device, chunk);
+    else
+      take_rows_staged(p.call, first, rows, device, chunk);
+    run_chunk(core, p.op, chunk, *p.results, d, first, index);
+    finished_on(core, d); // its results ready (and this thread's staging buffers free again)
+  }
+
+  void check(const ChunkChoice& choice, std::int64_t remaining) const {
+    if (choice.device >= core.devices.size())
+      throw FatalError("the dispatch policy's next_chunk() chose device index " +
+                       std::to_string(choice.device) + ", but the policy lists " +
+                       std::to_string(core.devices.size()) + " device(s) " + core.devices_text() +
+                       "; return an index into its devices");
+    if (choice.rows < 1 || choice.rows > remaining)
+      throw FatalError("the dispatch policy's next_chunk() chose " + std::to_string(choice.rows) +
+                       " rows for " + core.devices[choice.device].str() + " with " +
+                       std::to_string(remaining) +
+                       " rows remaining; a chunk takes 1 to the remaining rows");
+  }
+
+  const ModelCore::State& core;
+  AsyncPolicyCalls& policy;
+  std::unique_ptr<Engine> _engine;
+  // The first CPU device: its chunks run on the thread that made the call, while it waits
+  // (no worker: a worker's OpenMP team would be a second one, and libgomp stops spinning
+  // once it manages more threads than there are cores).
+  std::optional<std::size_t> _caller_lane;
+};
+
+AsyncEngine::AsyncEngine(const ModelCore& core, AsyncPolicyCalls& policy,
+                         const std::vector<std::size_t>& chunks_in_flight)
+    : _impl(std::make_unique<Impl>(core, policy, chunks_in_flight)) {}
+
+AsyncEngine::~AsyncEngine() = default;
+
+std::vector<at::Tensor> AsyncEngine::run(Request& request) const {
+  return _impl->run(request);
+}
+
+} // namespace neml2::detail

@@ -1,0 +1,103 @@
+// Where a call's chunks go (see chunking.hpp).
+
+#include "engine/chunking.hpp"
+
+#include <bit>
+#include <cstring>
+
+#include <ATen/ATen.h>
+#include <ATen/MemoryOverlap.h>
+
+#include "core/shape_text.hpp"
+
+namespace neml2::detail {
+
+// Torch's copy costs a dispatch, and above 32768 elements an OpenMP team, which on a
+// thread other than the one that made the team waits for it (see performance.md).
+void copy_rows(const at::Tensor& to, const at::Tensor& from) {
+  if (to.is_cpu() && from.is_cpu() && to.scalar_type() == from.scalar_type() &&
+      to.sizes() == from.sizes() && to.is_contiguous() && from.is_contiguous()) {
+    if (to.data_ptr() != from.const_data_ptr())
+      std::memcpy(to.data_ptr(), from.const_data_ptr(), to.nbytes());
+  } else
+    to.copy_(from);
+}
+
+std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype) {
+  if (!call.device.is_cpu())
+    return 0;
+  std::int64_t values = 0; // per row, read and written
+  for (const auto* tensors : {&call.inputs, &call.params, &call.extras})
+    for (const auto& t : *tensors)
+      if (t.defined() && t.dim() > 0 && t.size(0) == call.batch && t.size(0) > 0)
+        values += t.numel() / t.size(0);
+  for (const auto& slot : call.slots())
+    if (slot.gather == Gather::rows)
+      values += numel(slot.shape);
+  const auto row_bytes =
+      std::max<std::int64_t>(values, 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
+  const auto rows = std::clamp(piece_bytes / row_bytes, min_piece_rows, max_piece_rows);
+  const auto piece = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(rows)));
+  return call.batch > piece ? piece : 0;
+}
+
+Places places(const BoundCall& call, const std::vector<at::Tensor>& results, std::int64_t first,
+              std::int64_t rows) {
+  Places at(results.size());
+  if (!call.device.is_cpu())
+    return at;
+  for (std::size_t i = 0; i < results.size(); ++i) {
+    const auto& r = results[i];
+    if (call.slots()[i].gather != Gather::rows || r.dim() == 0 || r.size(0) == 0)
+      continue;
+    const auto whole = place_of(r); // rows of a dense tensor: a dense range of it
+    const auto row = whole.bytes / static_cast<std::size_t>(r.size(0));
+    if (whole.data)
+      at[i] = {static_cast<char*>(whole.data) + static_cast<std::size_t>(first) * row,
+               static_cast<std::size_t>(rows) * row};
+  }
+  return at;
+}
+
+std::vector<at::Tensor> writable(const BoundCall& call, c10::ScalarType dtype,
+                                 const Destinations& into) {
+  std::vector<at::Tensor> targets;
+  for (std::size_t i = 0; i < call.slots().size(); ++i) {
+    const auto& slot = call.slots()[i];
+    const auto& t = into.tensors[i];
+    const auto& label = into.labels[i];
+    const bool rows = slot.gather == Gather::rows;
+    auto expected = slot.shape;
+    if (rows && call.batched)
+      expected.insert(expected.begin(), call.batch);
+    if (!t.defined())
+      throw FatalError(label + " is an undefined tensor; pass one of shape " +
+                       shape_text(expected));
+    if (t.sizes() != c10::IntArrayRef(expected))
+      throw FatalError(label + " has shape " + shape_text(t.sizes()) + ", but this call's " +
+                       "result has shape " + shape_text(expected) +
+                       ": pass a tensor of that shape (any strides, on any device)");
+    if (t.scalar_type() != dtype)
+      throw FatalError(label + " has dtype " + c10::toString(t.scalar_type()) +
+                       ", but the model "
+                       "computes " +
+                       c10::toString(dtype) + ": pass a " + c10::toString(dtype) + " tensor");
+    if (at::has_internal_overlap(t) == at::MemOverlap::Yes)
+      throw FatalError(label +
+                       " has elements that share memory (an expanded or broadcast "
+                       "view): pass a tensor whose elements are distinct, e.g. a slice of a "
+                       "contiguous one");
+    targets.push_back(rows && !call.batched ? t.unsqueeze(0) : t);
+  }
+  return targets;
+}
+
+void copy_into(const std::vector<at::Tensor>& into, const BoundCall& call,
+               const std::vector<at::Tensor>& results) {
+  for (std::size_t i = 0; i < into.size(); ++i) {
+    const bool unbatched_rows = call.slots()[i].gather == Gather::rows && !call.batched;
+    copy_rows(into[i], unbatched_rows ? results[i].unsqueeze(0) : results[i]);
+  }
+}
+
+} // namespace neml2::detail

@@ -1,0 +1,114 @@
+// The compiled half of every DispatchedModel: its sessions and the policy-independent steps
+// of a call (see include/neml2/detail/model_core.hpp).
+
+#include "engine/model_core.hpp"
+
+#include <ATen/ATen.h>
+
+#include "engine/chunking.hpp"
+#include "session/call_protocol.hpp"
+
+namespace neml2::detail {
+
+std::string ModelCore::State::devices_text() const {
+  std::string text;
+  for (const auto& d : devices)
+    text += (text.empty() ? "{" : ", ") + d.str();
+  return text + "}";
+}
+
+ModelCore::ModelCore(std::shared_ptr<const Artifact> artifact, std::vector<Device> devices,
+                     const std::vector<std::size_t>& concurrency, c10::ScalarType dtype)
+    : _state(std::make_unique<State>()) {
+  if (devices.empty())
+    throw FatalError("the dispatch policy lists no devices; list at least one");
+  auto& s = *_state;
+  s.devices = std::move(devices);
+  for (std::size_t d = 0; d < s.devices.size(); ++d) {
+    s.sessions.emplace_back(artifact, s.devices[d], dtype, concurrency[d]);
+    s.compute.push_back(s.sessions.back().device().torch());
+  }
+}
+
+ModelCore::~ModelCore() = default;
+
+const Session& ModelCore::session() const noexcept {
+  return _state->sessions.front();
+}
+Session& ModelCore::session() noexcept {
+  return _state->sessions.front();
+}
+const std::vector<Session>& ModelCore::sessions() const noexcept {
+  return _state->sessions;
+}
+std::vector<Session>& ModelCore::sessions() noexcept {
+  return _state->sessions;
+}
+const std::vector<Device>& ModelCore::devices() const noexcept {
+  return _state->devices;
+}
+
+std::size_t ModelCore::device_index(const Device& device) const {
+  const auto& listed = _state->devices;
+  for (std::size_t d = 0; d < listed.size(); ++d)
+    if (listed[d] == device)
+      return d;
+  throw FatalError("the dispatch policy's compute_device() is " + device.str() +
+                   ", which its devices() does not list (" + _state->devices_text() +
+                   "); list it there, or compute on a listed device");
+}
+
+void ModelCore::set_observer(ChunkObserver observer) {
+  _state->observer = std::move(observer);
+}
+
+std::vector<at::Tensor> ModelCore::positional(const TensorMap& inputs) const {
+  return CallProtocol::positional(session(), inputs);
+}
+
+Destinations ModelCore::destinations(Operation op, const TensorMap& values,
+                                     const TensorMap& tangents,
+                                     const VariablePairJacobian& blocks) const {
+  return CallProtocol::destinations(session(), op, values, tangents, blocks);
+}
+
+std::int64_t ModelCore::batch_as_given(std::size_t d, const std::vector<at::Tensor>& inputs) const {
+  const auto& s = *_state;
+  if (s.observer || s.before_chunk || !session().named_parameters().empty())
+    return 0;
+  const auto batch = CallProtocol::batch_as_given(s.sessions[d], inputs);
+  return batch <= max_direct_rows ? batch : 0;
+}
+
+std::vector<at::Tensor> ModelCore::forward_as_given(std::size_t d,
+                                                    const std::vector<at::Tensor>& inputs) const {
+  return CallProtocol::forward_as_given(_state->sessions[d], inputs);
+}
+
+TensorMap ModelCore::forward_result(std::vector<at::Tensor>&& results) const {
+  return CallProtocol::forward_result(session(), std::move(results));
+}
+std::pair<TensorMap, TensorMap> ModelCore::jvp_result(std::vector<at::Tensor>&& results) const {
+  return CallProtocol::jvp_result(session(), std::move(results));
+}
+std::pair<TensorMap, VariablePairJacobian>
+ModelCore::jacobian_result(std::vector<at::Tensor>&& results) const {
+  return CallProtocol::jacobian_result(session(), std::move(results));
+}
+std::pair<TensorMap, VariablePairJacobian>
+ModelCore::param_jacobian_result(std::vector<at::Tensor>&& results) const {
+  return CallProtocol::param_jacobian_result(session(), std::move(results));
+}
+TensorMap ModelCore::param_vjp_result(std::vector<at::Tensor>&& results) const {
+  return CallProtocol::param_vjp_result(session(), std::move(results));
+}
+
+void ModelCore::rethrow_with_outputs(const ConvergenceError& e) const {
+  if (!e.per_row() || !e.outputs().empty() || e.results().empty())
+    throw;
+  auto results = e.results();
+  throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), e.results(),
+                         forward_result(std::move(results)));
+}
+
+} // namespace neml2::detail

@@ -1,0 +1,12 @@
+#pragma once
+
+// The library's private parts that tests reach into (src/ is on the tests' include path):
+// the Newton loop and GMRES over graphs written in a test, one graph, the call protocol, the
+// result memory, and the worker pool's thread count.
+
+#include "engine/async/worker_pool.hpp"
+#include "graph/graph.hpp"
+#include "implicit/newton.hpp"
+#include "implicit/substepping.hpp"
+#include "session/call_protocol.hpp"
+#include "session/result_memory.hpp"
