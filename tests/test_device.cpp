@@ -48,3 +48,18 @@ TEST_CASE("a bad index is an error that shows the form") {
     CHECK(message.find("'cuda:0'") != std::string::npos);
   }
 }
+
+TEST_CASE("an index torch cannot address is refused when the name is parsed") {
+  const auto limit = std::numeric_limits<c10::DeviceIndex>::max();
+  CHECK(Device("cuda:" + std::to_string(limit)).torch().index() == limit);
+  for (const auto* bad : {"cuda:256", "cuda:128", "xpu:100000"}) {
+    CAPTURE(bad);
+    const auto message = test::fatal_message([&] { return Device(bad); });
+    CHECK(message.find("out of range") != std::string::npos);
+    CHECK(message.find("0 to " + std::to_string(limit)) != std::string::npos);
+  }
+  // Made from a family and an index: refused where torch's device is asked for.
+  CHECK(test::fatal_message([] {
+          return Device(DeviceFamily::cuda, 256).torch();
+        }).find("out of range") != std::string::npos);
+}

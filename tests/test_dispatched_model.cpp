@@ -601,3 +601,55 @@ TEST_CASE("implicit models through the pool: the same rows, one mask over the ba
     CHECK(e.outputs().at("x").index({converged.logical_not()}).isnan().all().item<bool>());
   }
 }
+
+TEST_CASE("callbacks that call back: a synchronous model's observer may call its model; an "
+          "asynchronous model's is refused by rule, never a deadlock") {
+  const test::Reference ref("elasticity");
+  const auto in = ref.group("b33/in");
+  const auto expected = ref.group("b33/out");
+  // Synchronous: the observer runs on the calling thread, under no lock of ours.
+  auto sync = load("elasticity", "elasticity", SyncChunking{.batch_size = 10});
+  int nested = 0;
+  sync.set_observer([&](const ChunkEvent&) {
+    if (nested++ == 0) // one nested call, itself observed
+      test::check_close(sync.forward(ref.group("b7/in")), ref.group("b7/out"), "nested");
+  });
+  test::check_close(sync.forward(in), expected, "outer");
+  CHECK(nested > 4);
+  // Asynchronous: the observer and the policy's hooks run under the model's lock.
+  auto pool = load<Lanes>("elasticity", "elasticity");
+  pool.set_observer([&](const ChunkEvent&) { (void)pool.forward(ref.group("b7/in")); });
+  // Each chunk's observer fails so: one error, or an AggregateError of several.
+  const auto message = [](auto&& call) {
+    try {
+      (void)call();
+    } catch (const Exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("nothing thrown");
+  };
+  CHECK(contains(message([&] { return pool.forward(in); }),
+                 "called from a chunk observer or a policy hook of an asynchronous model"));
+  struct CallsBack : Lanes {
+    const AnyDispatchedModel* model = nullptr;
+    TensorMap inputs;
+    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> busy, std::int64_t left,
+                                          state_type& s) const {
+      if (model)
+        (void)model->forward(inputs);
+      return Lanes::next_chunk(busy, left, s);
+    }
+  };
+  auto other = load<CallsBack>("elasticity", "elasticity");
+  CallsBack calls_other;
+  calls_other.model = &other;
+  calls_other.inputs = ref.group("b7/in");
+  auto hooked = load("elasticity", "elasticity", calls_other);
+  CHECK(contains(message([&] { return hooked.forward(in); }),
+                 "a model of an asynchronous policy was called from a chunk observer or a "
+                 "policy hook"));
+  // Both still work.
+  pool.set_observer({});
+  test::check_close(pool.forward(in), expected, "after");
+  test::check_close(other.forward(in), expected, "the other model");
+}

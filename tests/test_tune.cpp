@@ -379,6 +379,14 @@ TEST_CASE("a malformed tune file is refused, naming the field") {
   f = good;
   f["devices"][0]["points"][1]["low"] = 1e12; // low above the median
   refused(f, "field 'devices[0].points[1]' must have");
+  for (const auto* key : {"median", "low", "high"}) { // 0 would make a NaN priority
+    f = good;
+    f["devices"][0]["points"][0]["median"] = 1.0;
+    f["devices"][0]["points"][0]["low"] = 0.5;
+    f["devices"][0]["points"][0]["high"] = 2.0;
+    f["devices"][0]["points"][0][key] = 0.0;
+    refused(f, std::string("field 'devices[0].points[0].") + key + "' must be a finite number > 0");
+  }
   f = good;
   f["devices"][0]["chunk_overhead"] = -1e-6;
   refused(f, "field 'devices[0].chunk_overhead' must be a non-negative number");

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -34,6 +35,37 @@ namespace {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// A file the program will write, checked before any long work: its folder must exist and
+// be writable.
+void check_writable(const fs::path& file, const char* flag) {
+  const auto folder = file.has_parent_path() ? file.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder) || ::access(folder.c_str(), W_OK) != 0)
+    throw UsageError(fmt::format("{} {}: the folder {} does not exist or is not writable; "
+                                 "give a file in a writable folder",
+                                 flag, file.string(), folder.string()));
+}
+
+// Writes `text` into `file`, or throws naming it.
+void write_text(const fs::path& file, const std::string& text) {
+  std::ofstream out(file);
+  out << text;
+  out.close();
+  if (!out)
+    throw neml2::FatalError(
+        fmt::format("could not write {}: {}", file.string(), std::strerror(errno)));
+}
+
+// A new file in the temporary folder, made with a name nobody can predict (mkstemps).
+fs::path temporary_file(const std::string& prefix, const std::string& suffix) {
+  auto path = (fs::temp_directory_path() / (prefix + "XXXXXX" + suffix)).string();
+  const int fd = ::mkstemps(path.data(), static_cast<int>(suffix.size()));
+  if (fd < 0)
+    throw neml2::FatalError(fmt::format("could not make a temporary file in {}: {}",
+                                        fs::temp_directory_path().string(), std::strerror(errno)));
+  ::close(fd);
+  return path;
+}
 
 std::string one_line(std::string text) {
   for (auto& c : text)
@@ -283,6 +315,10 @@ struct TuneCommand {
   void run() const {
     if (min_rows > max_rows)
       throw UsageError(fmt::format("--min-rows {} is above --max-rows {}", min_rows, max_rows));
+    const auto file = out.empty() ? evaluation.model.model_name() + ".tune.json" : out;
+    check_writable(file, "--out");
+    if (!plot_file.empty())
+      check_writable(plot_file, "--plot");
     const auto artifact = evaluation.model.artifact();
     const Progress progress{as_devices(devices)};
     neml2::TuneOptions options{
@@ -304,11 +340,11 @@ struct TuneCommand {
     const auto result =
         neml2::tune(artifact, as_devices(devices), options, evaluation.model.model_name());
     progress.device_done();
-    const auto file = out.empty() ? evaluation.model.model_name() + ".tune.json" : out;
-    neml2::write_tune_file(file, result);
     const auto recommended = neml2::recommend(result);
     fmt::print("{}\nrecommended policies (C++):\n{}\nas JSON:\n{}\n", neml2::format_table(result),
                neml2::to_cpp(recommended), neml2::to_json(recommended));
+    std::fflush(stdout); // the table stays printed if the file cannot be written
+    neml2::write_tune_file(file, result);
     fmt::print("tune file written: {}\n", file);
     if (!plot_file.empty()) {
       plot(python_for_plots(python), {"tune", file, "--out", plot_file});
@@ -532,6 +568,10 @@ struct SimulateCommand {
   }
 
   void run() const {
+    if (!json_file.empty())
+      check_writable(json_file, "--json");
+    if (!plot_file.empty())
+      check_writable(plot_file, "--plot");
     const auto pool = parse_pool(pool_text);
     // One curve per family: the tune file's first device of it, or one by hand.
     std::map<neml2::DeviceFamily, neml2::DeviceCurve> by_family;
@@ -577,18 +617,17 @@ struct SimulateCommand {
     }
     const auto sim = neml2::simulate(policy, node, batch, static_cast<std::size_t>(calls));
     fmt::print("{}\n{}", neml2::to_cpp(policy), neml2::format_simulation(sim, names));
-    auto json = json_file;
+    std::fflush(stdout);
+    fs::path json = json_file;
     if (json.empty() && !plot_file.empty())
-      json = (fs::temp_directory_path() /
-              ("neml2-dispatch-simulate-" + std::to_string(::getpid()) + ".json"))
-                 .string();
+      json = temporary_file("neml2-dispatch-simulate-", ".json");
     if (!json.empty()) {
-      std::ofstream(json) << neml2::simulation_json(sim, names);
+      write_text(json, neml2::simulation_json(sim, names));
       if (!json_file.empty())
-        fmt::print("timeline written: {}\n", json);
+        fmt::print("timeline written: {}\n", json.string());
     }
     if (!plot_file.empty()) {
-      plot(python_for_plots(python), {"timeline", json, "--out", plot_file});
+      plot(python_for_plots(python), {"timeline", json.string(), "--out", plot_file});
       if (json_file.empty())
         fs::remove(json);
       fmt::print("plot written: {}\n", plot_file);

@@ -30,8 +30,10 @@ struct ChunkEvent {
 };
 
 /// Called once per chunk. With an asynchronous policy, from worker threads and from the
-/// calling thread (which runs the CPU's chunks), serialized by the model's lock; with a synchronous one, on the calling thread (so concurrently when
-/// several threads call one model: guard what the observer writes).
+/// calling thread (which runs the CPU's chunks), serialized by the model's lock: it may call
+/// models of synchronous policies only (a FatalError otherwise). With a synchronous one, on
+/// the calling thread (so concurrently when several threads call one model: guard what the
+/// observer writes); it may call any model, its own included.
 using ChunkObserver = std::function<void(const ChunkEvent&)>;
 
 } // namespace neml2

@@ -530,6 +530,11 @@ TuneResult parse_tune_file(const std::string& text, const std::string& where) {
       p.high = r.number(points[i], "high", g + ".high");
       p.repeats = static_cast<int>(r.integer(points[i], "repeats", g + ".repeats"));
       p.out_of_memory = r.boolean(points[i], "out_of_memory", g + ".out_of_memory");
+      if (!p.out_of_memory)
+        for (const auto& [value, key] :
+             {std::pair{p.median, "median"}, {p.low, "low"}, {p.high, "high"}})
+          if (!(std::isfinite(value) && value > 0))
+            r.fail(g + "." + key, "must be a finite number > 0 (rows per second); re-tune");
       if (!p.out_of_memory && (p.repeats < 1 || !(p.low <= p.median && p.median <= p.high)))
         r.fail(g, "must have repeats >= 1 and low <= median <= high");
       if (!curve.points.empty() && p.rows <= curve.points.back().rows)
@@ -546,6 +551,7 @@ TuneResult parse_tune_file(const std::string& text, const std::string& where) {
 void write_tune_file(const std::filesystem::path& file, const TuneResult& result) {
   std::ofstream out(file);
   out << tune_file_text(result);
+  out.close();
   if (!out)
     throw FatalError(fmt::format("cannot write the tune file {}; check that its folder exists and "
                                  "is writable",

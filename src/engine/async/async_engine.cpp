@@ -27,6 +27,17 @@ double seconds_since(clock::time_point start) {
   return std::chrono::duration<double>(clock::now() - start).count();
 }
 
+// Callbacks of asynchronous models running on this thread: the policy's hooks and the
+// chunk observer run under their model's lock, so a call into a model of an asynchronous
+// policy from one would wait for that lock, or for room only the outer call can free.
+thread_local int callbacks_running = 0;
+struct InCallback {
+  InCallback() noexcept { ++callbacks_running; }
+  ~InCallback() { --callbacks_running; }
+  InCallback(const InCallback&) = delete;
+  InCallback& operator=(const InCallback&) = delete;
+};
+
 // One error is rethrown as it is; several become an AggregateError in chunk order.
 void rethrow(std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
   if (errors.empty())
@@ -168,6 +179,7 @@ struct AsyncEngine::Impl {
     auto& engine = *_engine;
     const auto batch = p.call.batch;
     try {
+      const InCallback in_callback;
       while (p.first < batch && p.errors.empty()) {
         const auto choice = policy.next_chunk(std::span<const std::int64_t>(engine.rows_in_flight),
                                               batch - p.first);
@@ -243,6 +255,7 @@ struct AsyncEngine::Impl {
     std::lock_guard lock(engine.mutex);
     engine.rows_in_flight[d] -= rows;
     try {
+      const InCallback in_callback;
       policy.on_completed(d, rows, seconds);
       if (core.observer)
         core.observer(core.event(index, d, first, rows, seconds));
@@ -309,6 +322,11 @@ AsyncEngine::AsyncEngine(const ModelCore& core, AsyncPolicyCalls& policy,
 AsyncEngine::~AsyncEngine() = default;
 
 std::vector<at::Tensor> AsyncEngine::run(Request& request) const {
+  if (callbacks_running > 0)
+    throw FatalError("a model of an asynchronous policy was called from a chunk observer or a "
+                     "policy hook of an asynchronous model, which run under their model's lock: "
+                     "the call would wait for ever. Call it after the outer call returns (a "
+                     "model of a synchronous policy may be called there)");
   return _impl->run(request);
 }
 
