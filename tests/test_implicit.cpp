@@ -293,6 +293,37 @@ TEST_CASE("per-row failure: the mask, the worst residual and the converged rows"
   }
 }
 
+TEST_CASE("a row converged where dR/du is singular: its derivatives are reported failed, "
+          "never returned as inf or NaN") {
+  // r = x - x~1 - (a - x^2)(t - t~1): with x = -0.5 (the start), x~1 = 0, a = -0.25 and a
+  // step of 1, r = 0 and dr/dx = 1 + 2 x = 0 exactly: converged at once, singular there.
+  const auto s = session("scalar_backward_euler");
+  const TensorMap in = {{"a", at::tensor({-0.25, 1.0}, at::kDouble)},
+                        {"x", at::tensor({-0.5, 0.5}, at::kDouble)},
+                        {"x~1", at::tensor({0.0, 0.5}, at::kDouble)},
+                        {"t", at::tensor({1.0, 0.1}, at::kDouble)},
+                        {"t~1", at::tensor({0.0, 0.0}, at::kDouble)}};
+  const auto forward = s.forward(in).at("x"); // the values are fine
+  CHECK(at::isfinite(forward).all().item<bool>());
+  const auto regular = at::tensor({1}, at::kLong);
+  const auto [out, J] = s.jacobian(rows_of(in, regular));
+  const auto e = convergence_error([&] { static_cast<void>(s.jacobian(in)); });
+  REQUIRE(e.per_row());
+  CHECK(at::equal(e.converged_mask(), mask_of({0, 1})));
+  CHECK(contains(e.what(), "1 of them converged to a point where the results are not finite"));
+  for (const auto& block : e.results()) { // the regular row kept, the singular one NaN
+    CHECK(std::isnan(block[0].reshape({-1})[0].item<double>()));
+    CHECK(at::isfinite(block[1]).all().item<bool>());
+  }
+  test::check_close(e.results().back().index_select(0, regular), J.at("x").at("t~1"),
+                    "the regular row's block", 1e-13);
+  // Through a DispatchedModel, in chunks of one row: the same mask over the batch.
+  const auto m = load_model(test::stub("scalar_backward_euler", "model"), "model",
+                            SyncChunking{.batch_size = 1});
+  const auto through = convergence_error([&] { static_cast<void>(m.jacobian(in)); });
+  CHECK(at::equal(through.converged_mask(), mask_of({0, 1})));
+}
+
 TEST_CASE("miters = 1 allows no update: only rows converged at the start pass") {
   const test::Reference ref("j2_radial_return");
   const auto inputs = ref.group("s4/in");

@@ -85,6 +85,7 @@ public:
 
 private:
   void parse(std::string_view text);
+  void check_index() const;
 
   DeviceFamily _family = DeviceFamily::cpu;
   int _index = -1;
@@ -134,7 +135,7 @@ inline void Device::parse(std::string_view text) {
     throw FatalError("bad device index in '" + std::string(text) +
                      "': expected a non-negative integer after the colon, as in '" +
                      std::string(family) + ":0'");
-  (void)torch(); // an index torch cannot address fails here, not on another device later
+  check_index(); // an index torch cannot address fails here, not on another device later
 }
 
 inline Device::Device(const c10::Device& device)
@@ -161,12 +162,16 @@ inline Device::Device(const c10::Device& device)
   }
 }
 
-inline c10::Device Device::torch() const {
+inline void Device::check_index() const {
   if (_index > std::numeric_limits<c10::DeviceIndex>::max())
     throw FatalError("device index " + std::to_string(_index) + " of '" + str() +
                      "' is out of range: torch addresses devices 0 to " +
                      std::to_string(std::numeric_limits<c10::DeviceIndex>::max()) +
                      " of a family; use one this process has (device_count())");
+}
+
+inline c10::Device Device::torch() const {
+  check_index();
   constexpr std::array<c10::DeviceType, 5> types = {c10::DeviceType::CPU, c10::DeviceType::CUDA,
                                                     c10::DeviceType::XPU, c10::DeviceType::HIP,
                                                     c10::DeviceType::MPS};

@@ -59,8 +59,34 @@ Places places(const BoundCall& call, const std::vector<at::Tensor>& results, std
   return at;
 }
 
-std::vector<at::Tensor> writable(const BoundCall& call, c10::ScalarType dtype,
-                                 const Destinations& into) {
+namespace {
+// The offsets, in elements, of every element of `t` in its storage.
+at::Tensor element_offsets(const at::Tensor& t) {
+  auto offsets = at::full({1}, t.storage_offset(), at::kLong);
+  for (std::int64_t k = 0; k < t.dim(); ++k)
+    offsets = (offsets.unsqueeze(-1) + at::arange(t.size(k), at::kLong) * t.stride(k)).flatten();
+  return offsets;
+}
+
+// Whether `a` and `b` have an element in common, whatever their strides.
+bool share_elements(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0 || !a.has_storage() ||
+      !b.has_storage() || !a.storage().is_alias_of(b.storage()))
+    return false;
+  switch (at::get_overlap_status(a, b)) {
+  case at::MemOverlapStatus::No:
+    return false;
+  case at::MemOverlapStatus::Full:
+  case at::MemOverlapStatus::Partial:
+    return true;
+  default: // strided views of one storage (rows of one array, interleaved): element by element
+    return a.element_size() != b.element_size() ||
+           at::isin(element_offsets(a), element_offsets(b)).any().item<bool>();
+  }
+}
+} // namespace
+
+std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype, const Destinations& into) {
   std::vector<at::Tensor> targets;
   for (std::size_t i = 0; i < call.slots().size(); ++i) {
     const auto& slot = call.slots()[i];
@@ -87,8 +113,22 @@ std::vector<at::Tensor> writable(const BoundCall& call, c10::ScalarType dtype,
                        " has elements that share memory (an expanded or broadcast "
                        "view): pass a tensor whose elements are distinct, e.g. a slice of a "
                        "contiguous one");
+    for (std::size_t j = 0; j < i; ++j)
+      if (share_elements(t, into.tensors[j]))
+        throw FatalError(label + " and " + into.labels[j] +
+                         " share memory: the results would overwrite each other; pass tensors "
+                         "that do not overlap");
     targets.push_back(rows && !call.batched ? t.unsqueeze(0) : t);
   }
+  // An input the results overwrite is read from a copy: the results are those of the inputs
+  // as given.
+  for (auto* tensors : {&call.inputs, &call.params, &call.extras})
+    for (auto& input : *tensors)
+      for (const auto& t : into.tensors)
+        if (share_elements(input, t)) {
+          input = input.clone();
+          break;
+        }
   return targets;
 }
 

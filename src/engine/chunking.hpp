@@ -34,8 +34,10 @@ inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
                             std::int64_t first, std::int64_t rows);
 
 /// The caller's tensors as a Gatherer writes them: each checked against its result's
-/// shape (batch axis as called), the dtype and its layout, before anything runs.
-[[nodiscard]] std::vector<at::Tensor> writable(const BoundCall& call, c10::ScalarType dtype,
+/// shape (batch axis as called), the dtype and its layout, and refused when it shares
+/// memory with another, before anything runs. An input of `call` that shares memory with
+/// one is replaced by a copy, so the results are those of the inputs as given.
+[[nodiscard]] std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype,
                                                const Destinations& into);
 
 /// Writes results (as a whole-batch call returns them) into the caller's tensors.

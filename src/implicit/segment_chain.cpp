@@ -703,6 +703,22 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
     }
   }
 
+  // A row whose inputs are finite but whose results are not (a derivative through a dR/du
+  // that is singular at its converged point) failed too: reported, never returned.
+  const auto finite_rows = [&](const std::vector<at::Tensor>& tensors) {
+    auto finite = at::ones({state.rows},
+                           at::TensorOptions().dtype(at::kBool).device(results.front().device()));
+    for (const auto& t : tensors)
+      if (t.defined() && t.dim() > 0 && t.size(0) == state.rows && t.is_floating_point())
+        finite = finite & at::isfinite(t.reshape({state.rows, -1})).all(1);
+    return finite;
+  };
+  const auto not_finite =
+      results.empty() ? at::Tensor() : finite_rows(chunk.inputs) & ~finite_rows(results);
+  const auto n_not_finite = not_finite.defined() ? not_finite.sum().item<std::int64_t>() : 0;
+  if (n_not_finite > 0)
+    state.converged = (state.converged.defined() ? state.converged : ~not_finite) & ~not_finite;
+
   if (state.converged.defined() && !state.converged.all().item<bool>()) {
     const auto failed = ~state.converged;
     if (op == Operation::param_vjp) // a sum over rows: one that failed spoils it
@@ -718,12 +734,18 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
       r = r.masked_fill(failed.reshape(mask_shape), std::numeric_limits<double>::quiet_NaN());
     }
     const auto n_failed = failed.sum().item<std::int64_t>();
+    const auto singular =
+        n_not_finite == 0
+            ? std::string()
+            : fmt::format(" ({} of them converged to a point where the results are not finite: "
+                          "dR/du singular there)",
+                          n_not_finite);
     throw ConvergenceError(
-        fmt::format("{}: Newton did not converge for {} of {} rows (iteration cap miters = {}, "
+        fmt::format("{}: Newton did not converge for {} of {} rows{} (iteration cap miters = {}, "
                     "or a residual that stopped being finite); worst residual norm {}. "
                     "converged_mask() says which rows converged (their results are kept, the "
                     "others are NaN): cut the step of the failed rows and retry",
-                    _artifact.root.string(), n_failed, state.rows, _config.miters,
+                    _artifact.root.string(), n_failed, state.rows, singular, _config.miters,
                     state.worst_residual),
         state.converged, state.worst_residual, std::move(results));
   }
