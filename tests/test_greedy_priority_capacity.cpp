@@ -176,9 +176,9 @@ TEST_CASE("the CPU's chunks run on the calling thread, one chunk or many") {
 TEST_CASE("two callers' CPU chunks run one at a time, even when the capacity allows two") {
   // Room for two chunks on the CPU: both callers' chunks are in flight at once, and each
   // caller runs its own; the lane still runs one chunk at a time, as a worker would.
-  auto m = load_model(test::stub("rates", "eq"), "eq",
-                      GreedyPriorityCapacity{
-                          .devices = {"cpu"}, .batch_sizes = {8}, .capacities = {16}});
+  auto m = load_model(
+      test::stub("rates", "eq"), "eq",
+      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {8}, .capacities = {16}});
   const test::Reference ref("rates");
   std::atomic<int> running{0}, most{0};
   neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent&) {
@@ -188,12 +188,20 @@ TEST_CASE("two callers' CPU chunks run one at a time, even when the capacity all
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     --running;
   });
-  std::vector<std::thread> callers;
-  for (int t = 0; t < 2; ++t)
-    callers.emplace_back([&] { test::check_forward(m, ref, "b33"); });
-  for (auto& c : callers)
-    c.join();
-  CHECK(most.load() == 1);
+  // 33 rows: chunks; 7 rows: each call one chunk, run in place on its calling thread.
+  for (const std::string c : {"b33", "b7"}) {
+    CAPTURE(c);
+    most = 0;
+    std::vector<std::thread> callers;
+    for (int t = 0; t < 2; ++t)
+      callers.emplace_back([&] {
+        for (int k = 0; k < 5; ++k)
+          test::check_forward(m, ref, c);
+      });
+    for (auto& caller : callers)
+      caller.join();
+    CHECK(most.load() == 1);
+  }
 }
 
 TEST_CASE("the CPU lane runs exactly the chunks it was given, and nothing else runs") {

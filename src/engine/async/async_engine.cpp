@@ -129,10 +129,15 @@ struct AsyncEngine::Impl {
     std::unique_lock lock(engine.mutex);
     if (const auto d = dispatch_ready(progress, /*may_run_here=*/true)) {
       lock.unlock(); // one chunk in place: no pool, no copy
-      complete(*d, 0, call.batch, 0, progress, [&] {
-        direct = run_whole(core, op, call, *d, progress.targets);
-        finished_on(core, *d); // the policy's seconds end when the results are ready
-      });
+      {
+        std::unique_lock<std::mutex> lane; // the CPU's: one chunk at a time across calls
+        if (d == _caller_lane)
+          lane = std::unique_lock(engine.caller_lane);
+        complete(*d, 0, call.batch, 0, progress, [&] {
+          direct = run_whole(core, op, call, *d, progress.targets);
+          finished_on(core, *d); // the policy's seconds end when the results are ready
+        });
+      }
       lock.lock();
     } else if (!progress.results && progress.errors.empty())
       start_on_pool(progress); // the policy made it wait: started here, not on a worker
