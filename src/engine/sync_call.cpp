@@ -23,6 +23,13 @@ struct SyncCall::State {
   std::vector<at::Tensor> targets; // the caller's tensors, until `results` takes them
   std::optional<Gatherer> results; // made at the first chunk
   ChunkArgs chunk;                 // reused by every chunk
+
+  Gatherer& gatherer() {
+    if (!results)
+      results.emplace(call, core.sessions.front().dtype(), /*concurrent=*/false,
+                      std::move(targets));
+    return *results;
+  }
 };
 
 SyncCall::SyncCall(const ModelCore& core, Request& request) {
@@ -59,23 +66,17 @@ std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
 
 void SyncCall::run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index) {
   auto& s = *_state;
-  if (!s.results)
-    s.results.emplace(s.call, s.core.sessions.front().dtype(), /*concurrent=*/false,
-                      std::move(s.targets));
+  auto& results = s.gatherer();
   const auto start = s.core.observer ? clock::now() : clock::time_point{};
   take_rows(s.call, first, rows, s.core.compute[d], s.chunk);
-  detail::run_chunk(s.core, s.op, s.chunk, *s.results, d, first, index);
+  detail::run_chunk(s.core, s.op, s.chunk, results, d, first, index);
   finished_on(s.core, d);
   if (s.core.observer)
     s.core.observer(s.core.event(index, d, first, rows, seconds_since(start)));
 }
 
 std::vector<at::Tensor> SyncCall::finish() {
-  auto& s = *_state;
-  if (!s.results) // no chunk ran: a batch of no rows
-    s.results.emplace(s.call, s.core.sessions.front().dtype(), /*concurrent=*/false,
-                      std::move(s.targets));
-  return std::move(*s.results).finish();
+  return std::move(_state->gatherer()).finish(); // made here when no chunk ran (no rows)
 }
 
 } // namespace neml2::detail
