@@ -16,14 +16,16 @@ cmake --preset "$preset" >/dev/null
 # With ctest arguments, build only the programs the selected tests run, found by the
 # suite's naming: test NAME runs test_NAME, example_NAME runs NAME, each with trailing
 # _WORDs dropped until a target matches (mpi_rank_assign_2: test_mpi_rank_assign;
-# example_mpi_batch_perzyna: mpi_batch). Tests whose command is cmake, sh or python match
-# none and build nothing. Without arguments, build everything.
+# example_mpi_batch_perzyna: mpi_batch); cli_NAME runs the neml2-dispatch program. Other
+# tests whose command is cmake, sh or python match none and build nothing. Without
+# arguments, build everything.
 build_only=all
 if (($#)); then
   known="$(cmake --build --preset "$preset" --target help | sed -n 's/^\.\.\. \([^ ]*\).*/\1/p')"
   targets=()
   while read -r name; do
     case "$name" in
+    cli_*) targets+=(neml2_dispatch_program) && continue ;; # the program's tests
     example_*) prefix="" base="${name#example_}" ;;
     *) prefix="test_" base="${name%_checked_inputs}" ;;
     esac

@@ -4,6 +4,8 @@
 #include <functional>
 #include <map>
 
+#include <sys/stat.h>
+
 #include "model_checks.hpp"
 #include "scratch.hpp"
 
@@ -237,6 +239,35 @@ TEST_CASE("unreadable files and folders") {
   SUBCASE("metadata.json is binary") {
     write_bytes(root / "metadata.json", test::read(root / "cpu" / "float64" / "elasticity.pt2"));
     CHECK(contains(test::fatal_message([&] { return read_artifact(root); }), "malformed JSON"));
+  }
+  SUBCASE("metadata.json or a graph that is a FIFO") {
+    // Opening either to read would wait for a writer; a FIFO is no artifact root's file.
+    fs::remove(root / "metadata.json");
+    REQUIRE(::mkfifo((root / "metadata.json").c_str(), 0600) == 0);
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
+                   "the metadata file '" + (root / "metadata.json").string() +
+                       "' is not a regular file but a FIFO; regenerate the artifact"));
+    fs::remove(root / "metadata.json");
+    fs::copy_file(test::artifacts() / "elasticity" / "elasticity" / "metadata.json",
+                  root / "metadata.json");
+    const auto graph = root / "cpu" / "float64" / "elasticity.pt2";
+    fs::remove(graph);
+    REQUIRE(::mkfifo(graph.c_str(), 0600) == 0);
+    CHECK(contains(test::fatal_message([&] { return Session(load_artifact(root), "cpu"); }),
+                   "graph file '" + graph.string() + "' is not a regular file but a FIFO"));
+  }
+  SUBCASE("metadata.json far larger than any real one") {
+    fs::resize_file(root / "metadata.json", std::uintmax_t(1) << 30); // sparse: no disk used
+    CHECK(contains(test::fatal_message([&] { return read_artifact(root); }),
+                   "the metadata file '" + (root / "metadata.json").string() +
+                       "' is 1073741824 bytes, more than the 67108864 bytes read at most"));
+  }
+  SUBCASE("a graph far larger than any real one") {
+    const auto graph = root / "cpu" / "float64" / "elasticity.pt2";
+    fs::resize_file(graph, std::uintmax_t(1) << 30);
+    CHECK(contains(test::fatal_message([&] { return Session(load_artifact(root), "cpu"); }),
+                   "graph file '" + graph.string() +
+                       "' is 1073741824 bytes, more than the 536870912 bytes read at most"));
   }
   SUBCASE("the leaf folder is a file") {
     fs::remove_all(root / "cpu" / "float64");

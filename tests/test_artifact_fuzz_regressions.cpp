@@ -1,13 +1,19 @@
 // What the fuzz targets (fuzz/) found, kept as inputs that must give a FatalError naming
 // the field, and every seed of their corpora replayed: each parses or is a FatalError.
 
+#include <cstring>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
+#include <caffe2/serialize/inline_container.h>
 #include <doctest/doctest.h>
 
 #include <neml2/artifact.hpp>
 #include <neml2/errors.hpp>
+#include <neml2/tune.hpp>
+
+#include "graph/graph.hpp"
 
 namespace fs = std::filesystem;
 using neml2::FatalError;
@@ -38,6 +44,50 @@ bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// A real graph package rewritten by PyTorch's own archive writer (valid CRC-32s), its
+// generated wrapper's source edited by `edit`.
+std::string repackaged(const std::function<void(std::string&)>& edit) {
+  caffe2::serialize::PyTorchStreamReader reader(
+      (fs::path(NEML2_DISPATCH_TEST_ARTIFACTS) / "elasticity" / "elasticity" / "cpu" / "float64" /
+       "elasticity.pt2")
+          .string());
+  std::string bytes;
+  caffe2::serialize::PyTorchStreamWriter writer([&](const void* data, std::size_t n) {
+    bytes.append(static_cast<const char*>(data), n);
+    return n;
+  });
+  for (const auto& record : reader.getAllRecords()) {
+    const auto [data, size] = reader.getRecord(record);
+    std::string text(static_cast<const char*>(data.get()), size);
+    if (record.ends_with("wrapper.cpp"))
+      edit(text);
+    if (record != ".data/version" && record != ".data/serialization_id" && record != "byteorder")
+      writer.writeRecord(record, text.data(), text.size()); // the rest the writer writes itself
+  }
+  writer.writeEndOfFile();
+  return bytes;
+}
+
+// Replaces the first `from` in `text` by `to` (it must be there).
+std::function<void(std::string&)> replacing(const std::string& from, const std::string& to) {
+  return [=](std::string& text) {
+    const auto at = text.find(from);
+    REQUIRE(at != std::string::npos);
+    text.replace(at, from.size(), to);
+  };
+}
+
+// read_graph_signature's FatalError on `bytes`, or a failed check.
+std::string package_error(const std::string& bytes) {
+  try {
+    (void)neml2::detail::read_graph_signature(bytes, "r/cpu/float64/m.pt2");
+    FAIL_CHECK("the package was read without an error");
+  } catch (const FatalError& e) {
+    return e.what();
+  }
+  return {};
+}
+
 } // namespace
 
 TEST_CASE("a float where metadata.json needs an integer is a FatalError naming the field") {
@@ -59,13 +109,95 @@ TEST_CASE("an integer out of range in metadata.json is a FatalError naming the f
 }
 
 TEST_CASE("a stub nested deeper than any stub is a FatalError, not a stack overflow") {
-  // 300,000 nested blocks overflowed the stack when the block tree was destroyed (ASan).
+  // 300,000 nested blocks overflowed the stack when the block tree was destroyed (ASan);
+  // 250,000 stay within the size bound (1 MiB), so that the depth guard answers.
   std::string deep;
-  for (int i = 0; i < 300000; ++i)
+  for (int i = 0; i < 250000; ++i)
     deep += "[a]\n";
   CHECK_THROWS_WITH_AS((void)neml2::detail::artifact_root_from_stub(deep, "deep_aoti.i", "model"),
                        doctest::Contains("deep_aoti.i:65: section [a] is nested more than 64"),
                        FatalError);
+}
+
+TEST_CASE("JSON nested past any real file, or with too many values, is refused before parsing") {
+  // nlohmann's parser and the copies of its values take whatever a file asks for; a real
+  // metadata.json nests 8 deep and a tune file 5.
+  const std::string deep(100000, '[');
+  CHECK_THROWS_WITH_AS((void)neml2::detail::parse_metadata(deep, "r"),
+                       doctest::Contains("metadata.json: JSON nested more than 64 deep (line 1); "
+                                         "regenerate the artifact with neml2-compile"),
+                       FatalError);
+  CHECK_THROWS_WITH_AS(
+      (void)neml2::parse_tune_file("{\"a\":\n" + deep, "t.json"),
+      doctest::Contains("tune file t.json: JSON nested more than 64 deep (line 2)"), FatalError);
+  std::string many = "{\"values\": [0";
+  for (int i = 0; i < 4200000; ++i)
+    many += ",0";
+  CHECK_THROWS_WITH_AS((void)neml2::detail::parse_metadata(many + "]}", "r"),
+                       doctest::Contains("metadata.json: more than 4194304 JSON values (line 1)"),
+                       FatalError);
+  // Brackets inside strings are text, escaped quotes included.
+  CHECK_THROWS_WITH_AS((void)neml2::detail::parse_metadata("{\"a\": \"\\\"" + deep + "\"}", "r"),
+                       doctest::Contains("field 'schema_version': missing"), FatalError);
+}
+
+TEST_CASE("a number JSON cannot hold in a tune file is a FatalError") {
+  // Found by fuzz_tune: nlohmann's out_of_range (not a parse_error) left parse_tune_file.
+  CHECK_THROWS_WITH_AS(
+      (void)neml2::parse_tune_file(read(corpus / "tune" / "number_overflow.json"), "t.json"),
+      doctest::Contains("tune file t.json is not valid JSON ([json.exception."
+                        "out_of_range.406] number overflow parsing '1e400')"),
+      FatalError);
+}
+
+TEST_CASE("a generated wrapper with numbers or words no real one has is a FatalError") {
+  const auto fails_with = [](const std::function<void(std::string&)>& edit,
+                             const std::string& part) {
+    const auto message = package_error(repackaged(edit));
+    CHECK_MESSAGE(has(message, part), message);
+    CHECK_MESSAGE(has(message, "graph file 'r/cpu/float64/m.pt2' is not a compiled graph"),
+                  message);
+  };
+  // The untouched package reads.
+  CHECK(neml2::detail::read_graph_signature(repackaged([](std::string&) {}), "m.pt2").num_inputs ==
+        1);
+  // Was std::out_of_range from std::stoul, not a FatalError.
+  fails_with(
+      replacing("static void check_input_0(", "static void check_input_99999999999999999999999("),
+      "its wrapper holds input number 99999999999999999999999, more than 65536");
+  fails_with(replacing("AOTInductorModelBase(", "AOTInductorModelBase(99999999999999999999"),
+             "an input count 999999999999999999991, more than 65536");
+  // Was a write at index 2^64 - 1 of an empty vector (the rank wrapped to 0).
+  fails_with(replacing("static void check_input_0(",
+                       "static void check_input_0(if (5 != x_size[18446744073709551615])"),
+             "its wrapper holds dimension 18446744073709551615, more than 63");
+  fails_with(replacing("_size[0]", "_stride[99999] _size[0]"),
+             "its wrapper holds dimension 99999, more than 63");
+  // Was a stack overflow: std::regex matches \w+ by recursion, one frame per character.
+  fails_with(replacing("aoti_torch_dtype_float64", "aoti_torch_dtype_" + std::string(100000, 'f')),
+             "holds a word or a blank of more than 4096 characters");
+}
+
+TEST_CASE("a zip directory no real package has is a FatalError before PyTorch's reader") {
+  const auto good = repackaged([](std::string&) {});
+  const auto end = good.rfind("PK\x05\x06");
+  REQUIRE(end != std::string::npos);
+  const auto u32_at = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    std::memcpy(&v, good.data() + at, 4);
+    return v;
+  };
+  // The size a stored record unpacks to, as its directory entry says: PyTorch's reader
+  // would allocate it (4 GiB here) before reading the record.
+  auto unpacked = good;
+  const auto first_entry = u32_at(end + 16);
+  std::memset(unpacked.data() + first_entry + 24, 0xf0, 4);
+  CHECK(has(package_error(unpacked), "says it unpacks to 4042322160 bytes"));
+  // A zip64 archive: nothing of it was checked.
+  auto zip64 = good;
+  std::memset(zip64.data() + end + 10, 0xff, 2);
+  CHECK(has(package_error(zip64), "a zip64 archive, which neml2-compile writes only for graphs "
+                                  "larger than 4 GiB"));
 }
 
 TEST_CASE("every seed of the fuzz corpora parses or is a FatalError") {
@@ -87,5 +219,21 @@ TEST_CASE("every seed of the fuzz corpora parses or is a FatalError") {
       }
     ++replayed;
   }
-  CHECK(replayed >= 10);
+  for (const auto& entry : fs::directory_iterator(corpus / "tune")) {
+    CAPTURE(entry.path());
+    try {
+      (void)neml2::parse_tune_file(read(entry.path()), entry.path().string());
+    } catch (const FatalError&) {
+    }
+    ++replayed;
+  }
+  for (const auto& entry : fs::directory_iterator(corpus / "package")) {
+    CAPTURE(entry.path());
+    try {
+      (void)neml2::detail::read_graph_signature(read(entry.path()), entry.path());
+    } catch (const FatalError&) {
+    }
+    ++replayed;
+  }
+  CHECK(replayed >= 20);
 }

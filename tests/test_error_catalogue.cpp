@@ -222,6 +222,18 @@ TEST_CASE("a parameter whose values do not fill its shape, or of an unknown dtyp
       [](json& m) { m["parameters"][0]["dtype"] = "complex128"; }, "unknown dtype 'complex128'");
 }
 
+TEST_CASE("inputs whose sub-batch shapes do not broadcast together") {
+  // Torch's own broadcasting error (with its backtrace) left the constructor before.
+  edited_loading_fails_with(
+      "rates", "eq",
+      [](json& m) {
+        m["inputs"][0]["sub_batch_shape"] = {2};
+        m["inputs"][2]["sub_batch_shape"] = {3};
+      },
+      "inputs 'a' (sub-batch shape [2]) and 't' (sub-batch shape [3]) do not broadcast "
+      "together; the file is not what neml2-compile writes");
+}
+
 TEST_CASE("metadata.json with no segments") {
   edited_loading_fails_with(
       "elasticity", "elasticity", [](json& m) { m["segments"] = json::array(); },

@@ -1,5 +1,5 @@
 // Matrix-free Krylov Newton steps: GMRES per row against dense solves and NEML2's measured
-// behaviour (restarts, left preconditioning, the iteration cap between cycles), the
+// behaviour (restarts, left preconditioning; the iteration cap, kept inside a cycle), the
 // preconditioner's cache strategies counted through graphs of our own, and the compiled
 // Perzyna models (GMRES, block Jacobi, chord) against eager NEML2 and the direct solve.
 
@@ -158,15 +158,62 @@ TEST_CASE("GMRES restarts: GMRES(m) on the cyclic shift stagnates until m = n") 
   test::check_close(full.x, at::linalg_solve(op.a, e1(n)), "x", 1e-12);
 
   // restart = 2, max_its = 5: no progress at all (a solver that ignored the restart would
-  // converge), and the cap is checked between cycles, as NEML2 does: 3 cycles, 6 steps.
+  // converge), and the cap holds inside the third cycle (NEML2 would finish it: 6 steps).
   op.applies = 0;
   k.restart = 2;
   k.max_its = 5;
   const auto restarted = neml2::detail::gmres(op.ops(), e1(n), k);
   CHECK_FALSE(restarted.converged.item<bool>());
-  CHECK(restarted.iterations.item<std::int64_t>() == 6);
+  CHECK(restarted.iterations.item<std::int64_t>() == 5);
   CHECK(restarted.x.abs().max().item<double>() < 1e-14);
-  CHECK(op.applies == 6 + 2); // and the true residual after the first two cycles
+  CHECK(op.applies == 5 + 2); // and the true residual after the first two cycles
+}
+
+TEST_CASE("GMRES stops at max_its inside a cycle, with the iterate of that many steps") {
+  using neml2::detail::GmresKernel;
+  // Eigenvalues spread over 1..9: GMRES needs about one step per eigenvalue.
+  Dense op{at::diag_embed(at::arange(1, 10, at::kDouble).expand({3, 9})) +
+           0.1 * well_conditioned(3, 9, 5)};
+  const auto b = at::cos(at::arange(27, at::kDouble)).reshape({3, 9});
+  REQUIRE((neml2::detail::gmres(op.ops(), b, tight()).iterations > 3).all().item<bool>());
+  for (const auto kernel : {GmresKernel::automatic, GmresKernel::tensors}) {
+    CAPTURE(static_cast<int>(kernel));
+    auto capped = tight(); // restart 40
+    capped.max_its = 3;
+    op.applies = 0;
+    const auto s = neml2::detail::gmres(op.ops(), b, capped, {}, kernel);
+    CHECK((s.iterations == 3).all().item<bool>());
+    CHECK(op.applies == 3); // no true residual once every row is at the cap
+    CHECK_FALSE(s.converged.any().item<bool>());
+    // The same three steps as one cycle of GMRES(3): the minimiser over K_3.
+    auto cycle = capped;
+    cycle.restart = 3;
+    test::check_close(s.x, neml2::detail::gmres(op.ops(), b, cycle, {}, kernel).x, "x", 1e-14);
+  }
+}
+
+TEST_CASE("GMRES rows that break down stop with what they had; the others are exact") {
+  using neml2::detail::GmresKernel;
+  constexpr std::int64_t n = 4;
+  // Row 0 well conditioned; row 1 maps e_1 to 0 (a zero pivot at the first step: A is
+  // singular on the Krylov space); row 2's operator returns NaN (a graph that failed).
+  auto a = well_conditioned(3, n, 7).clone();
+  a[1].zero_();
+  a[1][0][1] = 1;
+  a[2].fill_(std::numeric_limits<double>::quiet_NaN());
+  Dense op{a};
+  auto b = at::cos(at::arange(3 * n, at::kDouble)).reshape({3, n});
+  b[1] = e1(n)[0];
+  for (const auto kernel : {GmresKernel::automatic, GmresKernel::tensors}) {
+    CAPTURE(static_cast<int>(kernel));
+    op.applies = 0;
+    const auto s = neml2::detail::gmres(op.ops(), b, tight(), {}, kernel);
+    CHECK(at::isfinite(s.x).all().item<bool>());
+    CHECK(at::equal(s.converged, at::tensor({1, 0, 0}, at::kInt).to(at::kBool)));
+    CHECK(s.x.narrow(0, 1, 2).abs().max().item<double>() == 0); // no step survived
+    test::check_close(s.x[0], at::linalg_solve(a[0], b[0]), "row 0", 1e-12);
+    CHECK(op.applies < 2 * n); // the broken rows are not restarted over and over
+  }
 }
 
 TEST_CASE("GMRES is left-preconditioned: M^-1 applied to every Arnoldi vector and tested") {

@@ -4,6 +4,11 @@
 
 #include <thread>
 
+#include <c10/core/CPUAllocator.h>
+#include <c10/util/ScopeExit.h>
+
+#include <neml2/detail/graph_calls.hpp>
+
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 
@@ -323,6 +328,69 @@ TEST_CASE("a landing refuses targets it must not write, and settles results out 
     CHECK(at::equal(results[0], at::full({4, 6}, 2.0, at::kDouble)));
     CHECK(at::equal(results[1], at::full({2, 6}, 1.0, at::kDouble)));
   }
+}
+
+TEST_CASE("a landing serves torch's raw allocator interface: a target is never freed") {
+  auto target = at::full({4, 6}, 7.0, at::kDouble);
+  auto* allocator = c10::GetCPUAllocator();
+  REQUIRE(static_cast<bool>(allocator->raw_deleter()));
+  {
+    neml2::detail::Landing landing(places({target}), {});
+    // raw_allocate needs the context to be the data (it asserted before); raw_deallocate
+    // frees through raw_deleter(), which must leave a target alone (ASan: a bad free).
+    void* raw = allocator->raw_allocate(target.nbytes());
+    CHECK(raw == target.data_ptr());
+    allocator->raw_deallocate(raw);
+    void* other = allocator->raw_allocate(target.nbytes()); // the target is taken: memory
+    CHECK(other != target.data_ptr());
+    static_cast<double*>(other)[0] = 1;
+    allocator->raw_deallocate(other);
+  }
+  CHECK(at::equal(target, at::full({4, 6}, 7.0, at::kDouble)));
+  // And as a tensor's storage: the DataPtr's deleter lets the target go, once.
+  {
+    neml2::detail::Landing landing(places({target}), {});
+    auto landed_tensor = at::empty({4, 6}, at::kDouble);
+    REQUIRE(landed_tensor.data_ptr() == target.data_ptr());
+    CHECK(allocator->is_simple_data_ptr(landed_tensor.storage().data_ptr()));
+  }
+  void* after = allocator->raw_allocate(64); // the allocator beneath, as before
+  allocator->raw_deallocate(after);
+}
+
+TEST_CASE("what a graph-call observer allocates and keeps, or a call it makes, is never the "
+          "caller's memory") {
+  const auto stub = test::stub("elasticity_params", "elasticity");
+  const test::Reference ref("elasticity_params");
+  const TensorMap in = ref.group("b33/in");
+  const auto expected = ref.group("b33/out");
+  const auto m = load_model(stub, "elasticity", SyncChunking{});
+  const auto nested = load_model(stub, "elasticity", SyncChunking{});
+  std::vector<at::Tensor> kept;
+  bool inside = false;
+  neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t rows) {
+    if (rows != 33 || std::exchange(inside, true))
+      return;
+    // The size of the call's stress, kept past the call; and a whole call of this thread.
+    kept.push_back(at::empty({rows, 6}, at::kDouble).fill_(-1));
+    kept.push_back(nested.forward(in).at("stress"));
+    inside = false;
+  });
+  const auto stop = c10::make_scope_exit([] { neml2::detail::observe_graph_calls({}); });
+  auto outputs = dense_like(expected);
+  const auto before = landed();
+  m.forward_into(in, outputs);
+  REQUIRE(kept.size() == 2);
+  CHECK(landed() - before >= 1); // the call's own result still lands in place
+  const auto& stress = outputs.at("stress");
+  for (const auto& k : kept) {
+    const auto* a = static_cast<const char*>(k.data_ptr());
+    const auto* b = static_cast<const char*>(stress.data_ptr());
+    CHECK((a + k.nbytes() <= b || b + stress.nbytes() <= a)); // no shared memory
+  }
+  test::check_close(outputs, expected, "forward_into", 1e-12);
+  CHECK(at::equal(kept[0], at::full({33, 6}, -1.0, at::kDouble)));
+  test::check_close(kept[1], expected.at("stress"), "nested forward", 1e-12);
 }
 
 TEST_CASE("results land in the caller's dense tensors and in kept memory: every operation, "

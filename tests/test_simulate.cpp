@@ -1,5 +1,7 @@
 // The node simulator against analytic makespans, through the real policies.
 
+#include <limits>
+
 #include <nlohmann/json.hpp>
 
 #include <neml2/simulate.hpp>
@@ -211,6 +213,30 @@ TEST_CASE("simulate() refuses what DispatchedModel refuses") {
   const std::vector<SimulatedDevice> none = {SimulatedDevice{}};
   CHECK_THROWS_WITH_AS((void)simulate(SyncChunking{}, none, 10),
                        doctest::Contains("has no throughput curve"), FatalError);
+}
+
+TEST_CASE("simulate() refuses more chunks than it schedules, before scheduling them") {
+  const std::vector<SimulatedDevice> one = {constant(1e6)};
+  const auto refused = doctest::Contains("take more than 2097152 chunks, the most one simulation "
+                                         "schedules; simulate fewer calls, fewer rows or larger "
+                                         "chunks");
+  // A batch near INT64_MAX in chunks of one row: refused at once, not after hours.
+  const auto huge = std::numeric_limits<std::int64_t>::max();
+  CHECK_THROWS_WITH_AS((void)simulate(SyncChunking{.batch_size = 1}, one, huge), refused,
+                       FatalError);
+  CHECK_THROWS_WITH_AS(
+      (void)simulate(GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1}}, one, huge),
+      refused, FatalError);
+  // The bound counts every call's chunks: one chunk too many in all is refused.
+  const auto per_call = std::int64_t{1} << 11;
+  CHECK(simulate(SyncChunking{.batch_size = 1}, one, per_call, 1024).timeline.size() ==
+        max_simulated_chunks);
+  CHECK_THROWS_WITH_AS((void)simulate(SyncChunking{.batch_size = 1}, one, per_call, 1025), refused,
+                       FatalError);
+  // Chunks of the whole remaining batch near INT64_MAX: two calls, no overflow.
+  const auto sim = simulate(SyncChunking{.batch_size = huge / 2 + 1}, one, huge, 2);
+  REQUIRE(sim.timeline.size() == 4);
+  CHECK(sim.timeline[1].first + sim.timeline[1].rows == huge);
 }
 
 TEST_CASE("the report: text per device, JSON with the timeline") {

@@ -16,12 +16,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
 
+#include <neml2/detail/graph_calls.hpp>
 #include <neml2/memory.hpp>
 
 #include "counting_allocator.hpp"
@@ -222,6 +224,38 @@ struct Call {
   double error_of_results = 0;
 };
 
+// What an error says, an AggregateError's errors included.
+std::string text_of(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const AggregateError& e) {
+    std::string text = e.what();
+    for (const auto& inner : e.errors())
+      text += " | " + text_of(inner);
+    return text;
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "(not a std::exception)";
+  }
+}
+
+// A storm's call against the faults of its places: with none it returned exact results;
+// with some it threw library errors, returned for the caller's own checks.
+std::optional<Thrown> outcome(const Call& call, const std::vector<std::string>& expected) {
+  if (expected.empty()) {
+    REQUIRE_MESSAGE(!call.error, "a call with no fault in its places threw");
+    CHECK(call.error_of_results <= 1e-12);
+    return std::nullopt;
+  }
+  REQUIRE_MESSAGE(call.error, "a call with a fault in its places returned: " << expected.front());
+  auto t = thrown(call.error);
+  REQUIRE_MESSAGE(t.library_error, "not the library's error: " << text_of(call.error));
+  CHECK(t.aggregate_right);
+  REQUIRE(!t.errors.empty());
+  return t;
+}
+
 // `callers` threads call `model` with random strains (batches in [min_batch, max_batch],
 // by forward() or forward_into() outputs filled with NaN) until `started` reaches
 // `chunks`. Each thread's draws are its own (seeded): the same calls in every run.
@@ -289,13 +323,30 @@ struct Books {
 // next_chunk(), at a place drawn from the rows remaining, and in on_completed(), after
 // chunks of 13 rows on lane 0 or 21 rows on lane 1. It checks that the loads it is given
 // are the ones its own books say.
-struct Flaky {
-  using dispatch_mode = asynchronous;
+// What the test policies keep beside their state: the rows in flight on two lanes, as
+// they were told, and their books.
+struct BookedLoads {
   struct state_type {
     std::array<std::int64_t, 2> rows_in_flight{};
   };
-  std::vector<Device> devices = {"cpu", "cpu"};
   std::shared_ptr<Books> books = std::make_shared<Books>();
+  void check_loads(std::span<const std::int64_t> given, const state_type& s) const {
+    if (given[0] != s.rows_in_flight[0] || given[1] != s.rows_in_flight[1])
+      ++books->disagreements;
+  }
+  void on_dispatched(std::size_t device, std::int64_t rows, state_type& s) const {
+    s.rows_in_flight[device] += rows;
+    ++books->dispatched;
+  }
+  void book_completed(std::size_t device, std::int64_t rows, state_type& s) const {
+    s.rows_in_flight[device] -= rows;
+    ++books->completed;
+  }
+};
+
+struct Flaky : BookedLoads {
+  using dispatch_mode = asynchronous;
+  std::vector<Device> devices = {"cpu", "cpu"};
 
   static ChunkChoice plan(std::int64_t remaining) {
     const auto h = draw({2, static_cast<std::uint64_t>(remaining)});
@@ -317,8 +368,7 @@ struct Flaky {
 
   std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
                                         std::int64_t remaining, state_type& s) const {
-    if (rows_in_flight[0] != s.rows_in_flight[0] || rows_in_flight[1] != s.rows_in_flight[1])
-      ++books->disagreements;
+    check_loads(rows_in_flight, s);
     if (const auto f = next_chunk_fault(remaining); f != Fault::none)
       raise(f, "next_chunk:" + std::to_string(remaining));
     const auto choice = plan(remaining);
@@ -326,13 +376,8 @@ struct Flaky {
       return std::nullopt;
     return choice;
   }
-  void on_dispatched(std::size_t device, std::int64_t rows, state_type& s) const {
-    s.rows_in_flight[device] += rows;
-    ++books->dispatched;
-  }
   void on_completed(std::size_t device, std::int64_t rows, double, state_type& s) const {
-    s.rows_in_flight[device] -= rows;
-    ++books->completed;
+    book_completed(device, rows, s);
     if (const auto f = completion_fault(device, rows); f != Fault::none)
       raise(f, completion_place(device, rows));
   }
@@ -564,23 +609,15 @@ TEST_CASE("a user-written policy that fails: each call throws exactly its own ch
       CAPTURE(call.batch);
       tally.count(call);
       const auto expected = flaky_faults(call.batch);
-      if (expected.empty()) {
-        REQUIRE_MESSAGE(!call.error, "a call with no fault in its places threw");
-        CHECK(call.error_of_results <= 1e-12);
+      const auto t = outcome(call, expected);
+      if (!t)
         continue;
-      }
-      REQUIRE_MESSAGE(call.error,
-                      "a call with a fault in its places returned: " << expected.front());
-      const auto t = thrown(call.error);
-      REQUIRE(t.library_error);
-      CHECK(t.aggregate_right);
-      REQUIRE(!t.errors.empty());
-      faults += static_cast<std::int64_t>(t.errors.size());
+      faults += static_cast<std::int64_t>(t->errors.size());
       // The first fault of its plan always (it stops dispatch), then later ones whose
       // chunks were already in flight, in chunk order.
-      CHECK(t.errors.front().where == expected.front());
+      CHECK(t->errors.front().where == expected.front());
       auto next = expected.begin();
-      for (const auto& r : t.errors) {
+      for (const auto& r : t->errors) {
         CHECK(r.as_thrown);
         next = std::find(next, expected.end(), r.where);
         CHECK_MESSAGE(next != expected.end(), r.where << " is not a fault of this call, or "
@@ -619,5 +656,191 @@ TEST_CASE("a user-written policy that fails: each call throws exactly its own ch
       }
     CHECK(books->disagreements.load() == 0);
   }
+  CHECK(neml2::detail::WorkerPool::live_threads() == threads_before);
+}
+
+// ------------------------------------------------- failures at every stage of a call
+
+namespace {
+
+// GreedyPriorityCapacity over two CPU lanes (the calling thread's and a worker's), chunks of
+// 5 rows from row 0 whichever lane takes them, room for one chunk on the first and two on
+// the second (so calls wait for room). It fails in next_chunk() with 42 rows remaining and
+// in on_completed() after a chunk of 4 rows, and keeps books of what it was told.
+struct Staged : BookedLoads {
+  using dispatch_mode = asynchronous;
+  GreedyPriorityCapacity inner{
+      .devices = {"cpu", "cpu"}, .batch_sizes = {5}, .capacities = {5, 10}};
+
+  std::vector<Device> devices() const { return inner.devices; }
+  std::size_t chunks_in_flight(std::size_t d) const { return inner.chunks_in_flight(d); }
+  std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
+                                        std::int64_t remaining, state_type& s) const {
+    check_loads(rows_in_flight, s);
+    if (remaining == 42)
+      raise(Fault::fatal, "next_chunk:42");
+    no_state none;
+    return inner.next_chunk(rows_in_flight, remaining, none);
+  }
+  void on_completed(std::size_t device, std::int64_t rows, double, state_type& s) const {
+    book_completed(device, rows, s);
+    if (rows == 4)
+      raise(Fault::convergence, "completed:4");
+  }
+};
+static_assert(AsynchronousPolicy<Staged>);
+
+// One call of the staged storm: its batch decides where it fails (stage_faults).
+struct StagedCall : Call {
+  bool bind_fault = false;  // called with an input the model does not have
+  bool alloc_fault = false; // an allocation of its outputs' size failed on its thread
+};
+
+// The tags a call of `batch` rows may throw (empty: none; it must return exact results):
+// each place of its plan of 5-row chunks that fails. The first in plan order always
+// fails (dispatch goes in order until an error); later ones only if already in flight.
+std::vector<std::string> stage_faults(const StagedCall& call) {
+  if (call.bind_fault)
+    return {"bind"};
+  const auto b = call.batch;
+  std::vector<std::string> tags;
+  if (call.alloc_fault)
+    tags.push_back("alloc foreign");
+  if (b >= 42 && (b - 42) % 5 == 0)
+    tags.push_back("next_chunk:42 fatal");
+  if (b > 95)
+    tags.push_back("observer:95 fatal");
+  if (b % 5 == 3)
+    tags.push_back("graph:3 fatal"); // its last chunk: 3 rows
+  if (b % 5 == 4)
+    tags.push_back("completed:4 convergence");
+  return tags;
+}
+
+} // namespace
+
+TEST_CASE("failures at every stage of a call (binding, output allocation, the policy, a graph, "
+          "the observer) from 8 callers: each call throws its own, the others are exact, and "
+          "nothing is left behind") {
+  const auto chunks = chunks_to_run() / 2;
+  const auto C = stiffness();
+  const auto threads_before = neml2::detail::WorkerPool::live_threads();
+  const auto memory_limit = result_memory_limit();
+  {
+    const CountingScope counting;
+    set_result_memory_limit(0); // every output allocated anew: an allocation that can fail
+    Staged policy;
+    const auto books = policy.books;
+    auto model = load_model(test::stub("elasticity", "elasticity"), "elasticity", policy);
+    const auto live_before = counting.live();
+
+    std::atomic<std::int64_t> started{0};
+    std::optional<Watchdog> watchdog(std::in_place, "staged failures storm");
+    neml2::detail::ModelAccess::before_chunk(model, [&](const ChunkEvent&) {
+      watchdog->moved();
+      ++started;
+    });
+    model.set_observer([](const ChunkEvent& e) {
+      if (e.first == 95)
+        raise(Fault::fatal, "observer:95");
+    });
+    neml2::detail::observe_graph_calls([](const std::string&, std::int64_t rows) {
+      if (rows == 3)
+        raise(Fault::fatal, "graph:3");
+    });
+
+    std::vector<std::vector<StagedCall>> per_thread(callers);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < callers; ++t)
+      threads.emplace_back([&, t] {
+        std::mt19937_64 rng(draw({7, static_cast<std::uint64_t>(t)}));
+        std::uniform_int_distribution<std::int64_t> batch_of(1, 120);
+        std::uniform_real_distribution<double> value(-1e-3, 1e-3);
+        while (started.load() < chunks) {
+          StagedCall call;
+          call.batch = batch_of(rng);
+          call.into = rng() % 2 == 1;
+          call.bind_fault = call.batch % 17 == 0;
+          std::vector<double> values(static_cast<std::size_t>(call.batch * 6));
+          for (auto& v : values)
+            v = value(rng);
+          const auto strain = at::tensor(values, at::kDouble).view({call.batch, 6});
+          auto stress =
+              at::full({call.batch, 6}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+          const auto failed_before = test::CountingAllocator::failed;
+          if (!call.bind_fault && call.batch % 13 == 0) // the size of its outputs
+            test::CountingAllocator::fail_bytes = stress.nbytes();
+          try {
+            const TensorMap in = {{call.bind_fault ? "strian" : "strain", strain}};
+            if (call.into)
+              model.forward_into(in, {{"stress", stress}});
+            else
+              stress = model.forward(in).at("stress");
+          } catch (...) {
+            call.error = std::current_exception();
+          }
+          test::CountingAllocator::fail_bytes = 0; // before the check allocates that size
+          call.alloc_fault = test::CountingAllocator::failed > failed_before;
+          if (!call.error)
+            call.error_of_results = relative_error(stress, strain, C);
+          per_thread[t].push_back(std::move(call));
+          watchdog->moved();
+        }
+      });
+    for (auto& thread : threads)
+      thread.join();
+    neml2::detail::observe_graph_calls({});
+    model.set_observer({});
+    neml2::detail::ModelAccess::before_chunk(model, {});
+    watchdog.reset();
+
+    Tally tally;
+    std::map<std::string, std::int64_t> reported_by_stage;
+    for (const auto& list : per_thread)
+      for (const auto& call : list) {
+        CAPTURE(call.batch);
+        CAPTURE(call.into);
+        tally.count(call);
+        const auto expected = stage_faults(call);
+        const auto t = outcome(call, expected);
+        if (!t)
+          continue;
+        if (call.bind_fault) { // refused before anything was booked: no tag, one error
+          CHECK(t->errors.size() == 1);
+          CHECK(t->errors.front().where.empty());
+          ++reported_by_stage["bind"];
+          continue;
+        }
+        for (const auto& r : t->errors) {
+          CHECK_MESSAGE(std::find(expected.begin(), expected.end(), r.where) != expected.end(),
+                        "'" << r.where << "' is not a fault of this call");
+          CHECK(r.as_thrown);
+          ++reported_by_stage[r.where.substr(0, r.where.find_first_of(": "))];
+        }
+      }
+    std::string stages;
+    for (const auto& [stage, count] : reported_by_stage)
+      stages += " " + stage + " " + std::to_string(count);
+    const auto summary = tally.text("staged failures", started.load(), 0) + "; reported:" + stages;
+    MESSAGE(summary);
+    // Every stage failed at least once (the allocation while calls wait for room too).
+    for (const char* stage : {"bind", "alloc", "next_chunk", "observer", "graph", "completed"})
+      CHECK_MESSAGE(reported_by_stage[stage] > 0, stage << " never failed");
+    CHECK(tally.failed < tally.calls);
+
+    // Nothing of a failed call left anywhere: the policy told of every chunk's completion,
+    // the loads back to zero, the memory given back, the model exact.
+    CHECK(books->completed.load() == books->dispatched.load());
+    CHECK(books->disagreements.load() == 0);
+    release_result_memory();
+    CHECK(counting.live() == live_before);
+    set_result_memory_limit(memory_limit);
+    for (const std::int64_t batch : {1, 7, 40, 61, 1000}) { // no fault in these plans
+      const auto strain = 1e-3 * at::rand({batch, 6}, at::kDouble);
+      CHECK(relative_error(model.forward({{"strain", strain}}).at("stress"), strain, C) <= 1e-12);
+    }
+    CHECK(books->disagreements.load() == 0);
+  }
+  set_result_memory_limit(memory_limit);
   CHECK(neml2::detail::WorkerPool::live_threads() == threads_before);
 }

@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 #include <nlohmann/json.hpp>
+#include <sys/stat.h>
 #include <torch/headeronly/version.h>
 
 #include <neml2/tune.hpp>
@@ -401,6 +402,31 @@ TEST_CASE("a malformed tune file is refused, naming the field") {
   CHECK_THROWS_WITH_AS((void)read_tune_file("/nonexistent/t.json"),
                        doctest::Contains("cannot read the tune file /nonexistent/t.json"),
                        FatalError);
+}
+
+TEST_CASE("a tune file that is not a regular file, or far larger than any, is refused unread") {
+  const test::Scratch s;
+  const auto fifo = s.dir / "fifo.tune.json";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0); // opening it to read would wait for a writer
+  CHECK_THROWS_WITH_AS(
+      (void)read_tune_file(fifo),
+      doctest::Contains(
+          ("tune file '" + fifo.string() + "' is not a regular file but a FIFO; re-tune").c_str()),
+      FatalError);
+  const auto device = s.dir / "zero.tune.json";
+  fs::create_symlink("/dev/zero", device); // reading it would never end
+  CHECK_THROWS_WITH_AS((void)read_tune_file(device),
+                       doctest::Contains("is not a regular file but a character device"),
+                       FatalError);
+  const auto large = s.write("large.tune.json", tune_file_text(two_devices()));
+  fs::resize_file(large, std::uintmax_t(1) << 30); // sparse: no disk used
+  CHECK_THROWS_WITH_AS((void)read_tune_file(large),
+                       doctest::Contains("' is 1073741824 bytes, more than the 16777216 bytes "
+                                         "read at most (a real one is far smaller); re-tune"),
+                       FatalError);
+  // A real one, written and read back, is far within the bounds.
+  const auto real = s.write("real.tune.json", tune_file_text(two_devices()));
+  CHECK(read_tune_file(real).devices.size() == 2);
 }
 
 namespace {

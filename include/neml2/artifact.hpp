@@ -172,9 +172,10 @@ struct SolverConfig {
   /// NEML2's GMRES settings (metadata.json `solver_config.krylov`), measured on NEML2 3.1's
   /// own Krylov loop (docs/artifact-contract.md): left-preconditioned restarted GMRES from
   /// du = 0 per Newton step; a row's linear solve stops when ||M^-1 (b - A du)|| <=
-  /// max(abs_tol, rel_tol ||b||) (the preconditioned residual, the plain right-hand side), or once
-  /// it has done at least `max_its` iterations at the end of a cycle of `restart` iterations (an
-  /// unconverged solve still takes its step). The preconditioner is rebuilt every Newton step
+  /// max(abs_tol, rel_tol ||b||) (the preconditioned residual, the plain right-hand side), after
+  /// `max_its` iterations (counted inside a cycle of `restart`; NEML2 checks only between cycles),
+  /// or when its Arnoldi process breaks down (an unconverged solve still takes its step). The
+  /// preconditioner is rebuilt every Newton step
   /// (`cache_strategy` none), once per solve (chord), or when the last linear solve took more than
   /// `cache_max_its` iterations (max_its).
   struct Krylov {

@@ -135,7 +135,15 @@ private:
 };
 
 [[noreturn]] void simulate_refuse(const std::string& message);
+/// Refuses a simulation that would pass max_simulated_chunks (its timeline alone would take
+/// gigabytes and its run minutes) with `scheduled` chunks and `per_call` more in each of
+/// `more_calls` calls, naming the numbers.
+void check_chunk_count(std::size_t scheduled, std::size_t per_call, std::size_t more_calls,
+                       std::int64_t batch, std::size_t calls);
 } // namespace detail
+
+/// The most chunks one simulate() call schedules (every call's chunks together).
+inline constexpr std::size_t max_simulated_chunks = std::size_t{1} << 21;
 
 /// @brief Runs `calls` calls of `batch` rows through `policy` on `devices` (one per device
 /// the policy lists, in its order). The policy's state lives across calls, as it does in a
@@ -197,6 +205,7 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
                                     std::to_string(devices.size()) +
                                     " devices; a chunk takes 1 to the remaining rows on a "
                                     "listed device");
+          detail::check_chunk_count(timeline.size(), 1, 1, batch, calls);
           policy.on_dispatched(choice->device, choice->rows, state);
           rows_in_flight[choice->device] += choice->rows;
           SimulatedChunk chunk{.call = call,
@@ -239,13 +248,17 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
         detail::simulate_refuse("the dispatch policy's chunk_rows() returned " +
                                 std::to_string(rows) + "; it must return >= 0");
       rows = rows == 0 ? batch : std::min(rows, batch);
+      if (batch > 0) // every call's chunks counted before any is scheduled
+        detail::check_chunk_count(timeline.size(), static_cast<std::size_t>((batch - 1) / rows + 1),
+                                  calls - call, batch, calls);
       std::size_t index = 0;
-      for (std::int64_t first = 0; first < batch; first += rows) {
+      for (std::int64_t first = 0; first < batch;) {
         SimulatedChunk chunk{.call = call,
                              .index = index++,
                              .device = d,
                              .first = first,
                              .rows = std::min(rows, batch - first)};
+        first += chunk.rows; // never past batch: no overflow near INT64_MAX
         now = node.run(chunk, now).first;
         timeline.push_back(chunk);
       }

@@ -2,6 +2,7 @@
 // Every malformed case is a FatalError naming the file and the fix.
 
 #include <algorithm>
+#include <array>
 #include <fstream>
 #include <limits>
 
@@ -25,6 +26,8 @@ namespace {
 std::string join(const std::string& field, const std::string& key) {
   return field.empty() ? key : field + "." + key;
 }
+
+constexpr std::string_view regenerate = "regenerate the artifact with neml2-compile";
 
 // Reads JSON fields with errors that name the file and the field.
 struct JsonReader {
@@ -393,22 +396,89 @@ std::string list_leaves(const fs::path& root) {
                                what, path.string(), why));
 }
 
+const char* kind_of(fs::file_type type) {
+  switch (type) {
+  case fs::file_type::directory:
+    return "folder";
+  case fs::file_type::fifo:
+    return "FIFO";
+  case fs::file_type::socket:
+    return "socket";
+  case fs::file_type::character:
+    return "character device";
+  case fs::file_type::block:
+    return "block device";
+  default:
+    return "special file";
+  }
+}
+
 } // namespace
 
 namespace detail {
 
-std::string read_text(const fs::path& file, const char* what) {
+void check_size(std::uintmax_t size, std::size_t max_bytes, std::string_view what,
+                const std::string& path, std::string_view fix) {
+  if (size > max_bytes)
+    throw FatalError(fmt::format("{} '{}' is {} bytes, more than the {} bytes read at most (a "
+                                 "real one is far smaller); {}",
+                                 what, path, size, max_bytes, fix));
+}
+
+std::string read_text(const fs::path& file, const char* what, std::size_t max_bytes,
+                      std::string_view fix) {
+  const auto status = status_of(file, what);
+  if (fs::exists(status) && !fs::is_regular_file(status))
+    throw FatalError(fmt::format("{} '{}' is not a regular file but a {}; {}", what, file.string(),
+                                 kind_of(status.type()), fix));
+  std::error_code ec;
+  if (const auto size = fs::file_size(file, ec); !ec)
+    check_size(size, max_bytes, what, file.string(), fix);
+  // Read no further than the bound: a file can grow, and /proc's files say size 0.
   std::ifstream in(file, std::ios::binary);
   std::string text;
   try {
-    if (in)
-      text.assign(std::istreambuf_iterator<char>(in), {});
-  } catch (const std::exception& e) { // a stream error, e.g. reading /proc/self/mem
+    std::array<char, 1 << 16> block{};
+    while (in && text.size() <= max_bytes) {
+      const auto n = in.rdbuf()->sgetn(block.data(), block.size());
+      if (n <= 0)
+        break;
+      text.append(block.data(), static_cast<std::size_t>(n));
+    }
+  } catch (const std::exception& e) { // a read error, e.g. reading /proc/self/mem
     unreadable(what, file, e.what());
   }
+  check_size(text.size(), max_bytes, what, file.string(), fix);
   if (!in || in.bad())
     unreadable(what, file, "the read failed");
   return text;
+}
+
+void check_json_bounds(std::string_view text, const std::string& where, std::string_view fix) {
+  std::size_t depth = 0, values = 0, line = 1;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line;
+    } else if (c == '"') { // a string, its escapes skipped
+      while (++i < text.size() && text[i] != '"')
+        if (text[i] == '\\')
+          ++i;
+      ++values;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_json_depth)
+        throw FatalError(fmt::format("{}: JSON nested more than {} deep (line {}); {}", where,
+                                     max_json_depth, line, fix));
+      ++values;
+    } else if (c == ']' || c == '}') {
+      depth -= depth > 0;
+    } else if (c == ',') {
+      ++values;
+    }
+    if (values > max_json_values)
+      throw FatalError(fmt::format("{}: more than {} JSON values (line {}); {}", where,
+                                   max_json_values, line, fix));
+  }
 }
 
 // fs::status without exceptions: a loop of links or an overlong name is the caller's
@@ -461,13 +531,16 @@ fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
 
 Artifact read_artifact(const fs::path& root) {
   const auto file = root / "metadata.json";
-  if (!fs::is_regular_file(detail::status_of(file, "the metadata file")))
+  // A FIFO or a device in its place is read_text's error: it exists, but is no file.
+  if (const auto status = detail::status_of(file, "the metadata file");
+      !fs::exists(status) || fs::is_directory(status))
     throw FatalError(
         fmt::format("'{}' is not an artifact root: it has no metadata.json. Pass the folder "
                     "<output-dir>/<name>/ that neml2-compile writes (holding metadata.json and "
                     "<device>/<dtype>/), or the <name>_aoti.i stub beside it",
                     root.string()));
-  return detail::parse_metadata(detail::read_text(file, "the metadata file"), root);
+  return detail::parse_metadata(
+      detail::read_text(file, "the metadata file", detail::max_metadata_bytes, regenerate), root);
 }
 
 namespace detail {
@@ -492,6 +565,10 @@ std::optional<std::string> check_krylov(const SolverConfig::Krylov& k) {
 
 Artifact parse_metadata(std::string_view text, const fs::path& root) {
   const auto file = root / "metadata.json";
+  // Bounded before nlohmann sees it: its parser and the copies of its values would take
+  // whatever memory and stack such a file asks for.
+  check_size(text.size(), max_metadata_bytes, "the metadata file", file.string(), regenerate);
+  check_json_bounds(text, file.string(), regenerate);
   json meta;
   try {
     meta = json::parse(text);

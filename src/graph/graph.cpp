@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <cctype>
+#include <charconv>
 #include <cstring>
 #include <fstream>
 #include <mutex>
@@ -26,7 +28,9 @@
 #include <neml2/detail/graph_calls.hpp>
 #include <neml2/errors.hpp>
 
+#include "artifact/files.hpp"
 #include "core/shape_text.hpp"
+#include "graph/landing.hpp"
 
 namespace fs = std::filesystem;
 
@@ -47,6 +51,8 @@ void register_custom_operators() {
   });
 }
 
+constexpr std::string_view recompile = "recompile the artifact with neml2-compile";
+
 [[noreturn]] void not_a_package(const fs::path& file, const std::string& why) {
   throw FatalError(fmt::format("graph file '{}' is not a compiled graph neml2-dispatch can use "
                                "({}); the artifact is damaged or incomplete: recompile it with "
@@ -54,23 +60,39 @@ void register_custom_operators() {
                                file.string(), why));
 }
 
+// The text records read here (the generated wrapper and its metadata): at most 16 MiB, a
+// margin of 160 over the largest real wrapper (99 KiB, of the models in models/). A run of
+// one character class longer than 4 KiB (the longest real one: 156 characters) is refused
+// too: std::regex matches \d+, \w+ and \s* by recursion, one frame per character, and
+// 100,000 of them overflow the stack.
+constexpr std::size_t max_wrapper_bytes = std::size_t(16) << 20;
+constexpr std::size_t max_run = 4096;
+// What a signature may declare: far more than any real graph (a few dozen arguments of at
+// most 6 dimensions), little enough that nothing sized by it runs out of memory.
+constexpr std::size_t max_arguments = 1 << 16;
+constexpr std::size_t max_dims = 64;
+
+// The records read here: the generated wrapper's source and its metadata.
+bool read_as_text(const std::string& record) {
+  return record.ends_with("wrapper.cpp") || record.ends_with("wrapper_metadata.json");
+}
+
 // The folder every record of a PyTorch archive sits in, from the name of the zip's first
 // local file header (the same record PyTorch takes the archive's name from).
-std::string archive_name(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  std::array<unsigned char, 30> header{};
-  if (!in.read(reinterpret_cast<char*>(header.data()), header.size()))
+std::string archive_name(std::string_view bytes, const fs::path& file) {
+  if (bytes.size() < 30)
     not_a_package(file, "shorter than a zip header");
+  const auto* header = reinterpret_cast<const unsigned char*>(bytes.data());
   if (header[0] != 'P' || header[1] != 'K' || header[2] != 3 || header[3] != 4)
     not_a_package(file, "not a zip archive");
   const auto name_length = std::size_t(header[26]) | std::size_t(header[27]) << 8;
-  std::string name(name_length, '\0');
-  if (!in.read(name.data(), static_cast<std::streamsize>(name_length)))
+  if (bytes.size() < 30 + name_length)
     not_a_package(file, "truncated zip header");
+  const auto name = bytes.substr(30, name_length);
   const auto slash = name.find('/');
   if (slash == std::string::npos || slash == 0)
     not_a_package(file, "its records are not in one folder");
-  return name.substr(0, slash);
+  return std::string(name.substr(0, slash));
 }
 
 std::uint32_t crc32(const unsigned char* data, std::size_t size) {
@@ -92,9 +114,9 @@ std::uint32_t crc32(const unsigned char* data, std::size_t size) {
 
 // Every record of the package against the CRC-32 its zip directory stores: the loader
 // does not check them, and a damaged shared library inside would run (SIGILL, SIGSEGV).
-void check_records(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  const std::string bytes{std::istreambuf_iterator<char>(in), {}};
+// And every record's size: PyTorch's reader allocates what the directory says before it
+// reads a record.
+void check_records(std::string_view bytes, const fs::path& file) {
   const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
   const auto size = bytes.size();
   const auto u16 = [&](std::size_t at) {
@@ -117,39 +139,57 @@ void check_records(const fs::path& file) {
   const auto entries = u16(end + 10);
   std::size_t at = u32(end + 16);
   if (at == 0xFFFFFFFFu || entries == 0xFFFFu)
-    return; // zip64: larger than any graph neml2-compile writes; the loader reads it alone
+    damaged("a zip64 archive, which neml2-compile writes only for graphs larger than 4 GiB");
   for (std::uint32_t e = 0; e < entries; ++e) {
     if (u32(at) != 0x02014b50u)
       damaged(fmt::format("zip directory entry {} is damaged", e));
     const auto method = u16(at + 10);
     const auto crc = u32(at + 16);
     const std::size_t stored = u32(at + 20);
+    const std::size_t unpacked = u32(at + 24);
     const std::size_t local = u32(at + 42);
     const auto name_length = u16(at + 28);
-    const std::string name(bytes, std::min(at + 46, size), name_length);
+    const std::string name(bytes.substr(std::min(at + 46, size), name_length));
     const auto next = at + 46 + name_length + u16(at + 30) + u16(at + 32);
     if (u32(local) != 0x04034b50u)
       damaged(fmt::format("record '{}' is damaged", name));
     const auto begin = local + 30 + u16(local + 26) + u16(local + 28);
     if (begin + stored > size)
       damaged(fmt::format("record '{}' is cut short", name));
+    if ((method == 0 && unpacked != stored) || unpacked > max_package_bytes ||
+        (unpacked > max_wrapper_bytes && read_as_text(name)))
+      damaged(fmt::format("record '{}' says it unpacks to {} bytes", name, unpacked));
     if (method == 0 && crc32(data + begin, stored) != crc)
       damaged(fmt::format("record '{}' fails its CRC-32 check", name));
     at = next;
   }
 }
 
+// A decimal number the wrapper's regular expressions matched, at most `most`.
+template <class T>
+T number(const std::ssub_match& digits, T most, const fs::path& file, const char* what) {
+  T value{};
+  const auto* first = &*digits.first;
+  const auto [end, error] = std::from_chars(first, first + digits.length(), value);
+  if (error != std::errc() || value > most)
+    not_a_package(file,
+                  fmt::format("its wrapper holds {} {}, more than {}", what, digits.str(), most));
+  return value;
+}
+
 // The generated wrapper's input checks, one `check_input_<i>` function per argument.
-std::vector<GraphInput> wrapper_inputs(const std::string& source) {
+std::vector<GraphInput> wrapper_inputs(const std::string& source, const fs::path& file) {
   static const std::regex function(R"(static void check_input_(\d+)\()");
   static const std::regex dtype(R"(_expected_dtype = aoti_torch_dtype_(\w+)\(\))");
   static const std::regex below(R"(_size\[(\d+)\] < (\d+)\))");
   static const std::regex above(R"(_size\[(\d+)\] > (\d+)\))");
   static const std::regex fixed(R"(if \((\d+) != \w+_size\[(\d+)\]\))");
   static const std::regex stride(R"(_stride\[(\d+)\])");
+  constexpr auto most_rows = std::numeric_limits<std::int64_t>::max();
   std::vector<std::pair<std::size_t, std::size_t>> bodies; // (start, index)
   for (std::sregex_iterator it(source.begin(), source.end(), function), end; it != end; ++it)
-    bodies.emplace_back(it->position(), std::stoul((*it)[1].str()));
+    bodies.emplace_back(it->position(),
+                        number<std::size_t>((*it)[1], max_arguments, file, "input number"));
   std::vector<GraphInput> inputs(bodies.size());
   for (std::size_t k = 0; k < bodies.size(); ++k) {
     const auto start = source.begin() + static_cast<std::ptrdiff_t>(bodies[k].first);
@@ -161,30 +201,68 @@ std::vector<GraphInput> wrapper_inputs(const std::string& source) {
     auto& in = inputs[bodies[k].second];
     std::size_t rank = 0;
     const auto dim = [&](const std::ssub_match& m) {
-      const auto d = std::stoul(m.str());
+      const auto d = number<std::size_t>(m, max_dims - 1, file, "dimension");
       rank = std::max<std::size_t>(rank, d + 1);
       return d;
+    };
+    const auto size = [&](const std::ssub_match& m) {
+      return number<std::int64_t>(m, most_rows, file, "size");
     };
     std::smatch m;
     if (std::regex_search(start, stop, m, dtype))
       in.dtype = m[1].str();
     std::vector<std::pair<std::size_t, std::int64_t>> sizes;
     for (std::sregex_iterator it(start, stop, fixed), end; it != end; ++it)
-      sizes.emplace_back(dim((*it)[2]), std::stoll((*it)[1].str()));
+      sizes.emplace_back(dim((*it)[2]), size((*it)[1]));
     for (std::sregex_iterator it(start, stop, stride), end; it != end; ++it)
       dim((*it)[1]);
     for (std::sregex_iterator it(start, stop, below), end; it != end; ++it)
       if (dim((*it)[1]) == 0)
-        in.min_rows = std::stoll((*it)[2].str());
+        in.min_rows = size((*it)[2]);
     for (std::sregex_iterator it(start, stop, above), end; it != end; ++it)
       if (dim((*it)[1]) == 0)
-        in.max_rows = std::stoll((*it)[2].str());
+        in.max_rows = size((*it)[2]);
     in.sizes.assign(rank, -1);
-    for (const auto& [d, size] : sizes)
-      in.sizes[d] = size;
+    for (const auto& [d, s] : sizes)
+      in.sizes[d] = s;
   }
   return inputs;
 }
+
+// A text record the regular expressions will read: no run longer than they can match.
+void check_runs(std::string_view text, const fs::path& file, const std::string& record) {
+  const auto kind = [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' ? 1
+           : std::isspace(static_cast<unsigned char>(c))           ? 2
+                                                                   : 0;
+  };
+  std::size_t run = 0;
+  for (std::size_t i = 0; i < text.size(); ++i) {
+    run = i > 0 && kind(text[i]) != 0 && kind(text[i]) == kind(text[i - 1]) ? run + 1 : 1;
+    if (run > max_run)
+      not_a_package(file, fmt::format("its record '{}' holds a word or a blank of more than {} "
+                                      "characters",
+                                      record, max_run));
+  }
+}
+
+// Bytes of a package in memory, for PyTorch's reader.
+class BytesReader final : public caffe2::serialize::ReadAdapterInterface {
+public:
+  explicit BytesReader(std::string_view bytes)
+      : _bytes(bytes) {}
+  std::size_t size() const override { return _bytes.size(); }
+  std::size_t read(std::uint64_t pos, void* buf, std::size_t n, const char*) const override {
+    if (pos >= _bytes.size())
+      return 0;
+    n = std::min<std::size_t>(n, _bytes.size() - pos);
+    std::memcpy(buf, _bytes.data() + pos, n);
+    return n;
+  }
+
+private:
+  std::string_view _bytes;
+};
 
 std::atomic<const GraphCallObserver*> graph_call_observer{nullptr};
 
@@ -240,18 +318,20 @@ void observe_graph_calls(GraphCallObserver observer) {
   delete graph_call_observer.exchange(kept);
 }
 
-GraphSignature read_graph_signature(const fs::path& file) {
+GraphSignature read_graph_signature(std::string_view bytes, const fs::path& file) {
+  check_size(bytes.size(), max_package_bytes, "graph file", file.string(), recompile);
   GraphSignature s;
-  s.archive_name = archive_name(file);
-  check_records(file);
+  s.archive_name = archive_name(bytes, file);
+  check_records(bytes, file);
   std::string source;
   try {
-    caffe2::serialize::PyTorchStreamReader reader(file.string());
+    caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReader>(bytes));
     for (const auto& record : reader.getAllRecords()) {
-      if (!record.ends_with("wrapper.cpp") && !record.ends_with("wrapper_metadata.json"))
+      if (!read_as_text(record))
         continue;
       const auto [data, size] = reader.getRecord(record);
       std::string text(static_cast<const char*>(data.get()), size);
+      check_runs(text, file, record);
       if (record.ends_with("wrapper.cpp"))
         source = std::move(text);
       else {
@@ -261,6 +341,8 @@ GraphSignature read_graph_signature(const fs::path& file) {
           s.device_type = m[1].str();
       }
     }
+  } catch (const FatalError&) {
+    throw;
   } catch (const std::exception& e) {
     not_a_package(file, first_lines(e.what()));
   }
@@ -268,13 +350,17 @@ GraphSignature read_graph_signature(const fs::path& file) {
   std::smatch m;
   if (source.empty() || !std::regex_search(source, m, counts))
     not_a_package(file, "it holds no generated wrapper source to check its signature against");
-  s.num_inputs = std::stoul(m[1].str());
-  s.num_outputs = std::stoul(m[2].str());
-  s.inputs = wrapper_inputs(source);
+  s.num_inputs = number<std::size_t>(m[1], max_arguments, file, "an input count");
+  s.num_outputs = number<std::size_t>(m[2], max_arguments, file, "an output count");
+  s.inputs = wrapper_inputs(source, file);
   if (s.inputs.size() != s.num_inputs)
     not_a_package(file, fmt::format("its wrapper declares {} inputs but checks {}", s.num_inputs,
                                     s.inputs.size()));
   return s;
+}
+
+GraphSignature read_graph_signature(const fs::path& file) {
+  return read_graph_signature(read_text(file, "graph file", max_package_bytes, recompile), file);
 }
 
 Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device& device,
@@ -285,7 +371,8 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
     , _torch_device(device) {
   const fs::path file = _file;
   std::error_code ec;
-  if (!fs::is_regular_file(file, ec))
+  // A FIFO or a device in its place is read_graph_signature's error: it is no file.
+  if (const auto status = fs::status(file, ec); !fs::exists(status) || fs::is_directory(status))
     throw FatalError(fmt::format("graph file '{}' (metadata.json {}) is missing; the artifact "
                                  "is incomplete: recompile it with neml2-compile",
                                  _file, _listed_as));
@@ -500,8 +587,10 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
         _file, _fixed_rows, rows, _fixed_rows, _fixed_rows));
   if (rows > _max_rows)
     return run_split(args, rows);
-  if (const auto* observer = graph_call_observer.load(std::memory_order_acquire))
+  if (const auto* observer = graph_call_observer.load(std::memory_order_acquire)) {
+    const LandingPause not_the_graph; // what the observer allocates and keeps is its own
     (*observer)(_file, rows < 0 ? 1 : rows);
+  }
   if (rows >= 0 && rows < _min_rows)
     return run_padded(args, rows);
   return run_checked(args);

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -46,8 +47,12 @@ struct GraphSignature {
 };
 
 /// Reads the signature of `file`; a FatalError naming the file when it is not a readable
-/// AOTInductor package with a generated wrapper.
+/// AOTInductor package with a generated wrapper, or is far larger than any real one.
 [[nodiscard]] GraphSignature read_graph_signature(const std::filesystem::path& file);
+/// The same from the package's bytes in memory (`file` names it in errors): every check
+/// the file version makes, before PyTorch's reader sees the bytes (fuzz/fuzz_package.cpp).
+[[nodiscard]] GraphSignature read_graph_signature(std::string_view bytes,
+                                                  const std::filesystem::path& file);
 
 class Graph {
 public:

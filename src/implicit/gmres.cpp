@@ -21,7 +21,7 @@ namespace {
 // k starts small and grows up to `restart` as steps need it: at restart 40 and many rows,
 // zeroing the full matrices costs more than the few steps a small system takes.
 struct ArnoldiCycle {
-  at::Tensor basis, h, g, cs, sn, open, used;
+  at::Tensor basis, h, g, cs, sn, open, used, broken;
 
   ArnoldiCycle(const at::Tensor& z, const at::Tensor& beta, const at::Tensor& running,
                std::int64_t m) {
@@ -36,6 +36,7 @@ struct ArnoldiCycle {
     sn = at::zeros({rows, k}, options);
     open = running.clone();
     used = at::zeros({rows}, options.dtype(at::kLong));
+    broken = at::zeros_like(running);
   }
 
   /// Room for Arnoldi step j (at most m steps in all).
@@ -63,7 +64,8 @@ struct ArnoldiCycle {
 
 // Arnoldi step j with tensor operations (any device): modified Gram-Schmidt of w against
 // the basis, the previous rotations applied to H's new column, a new rotation zeroing its
-// subdiagonal, g rotated with it.
+// subdiagonal, g rotated with it. A row whose new column breaks down (not finite, or a zero
+// pivot: A is singular on the row's Krylov space) stops without the column (`broken`).
 void arnoldi_step_tensors(ArnoldiCycle& c, at::Tensor w, std::int64_t j, const at::Tensor& tol) {
   for (std::int64_t i = 0; i <= j; ++i) {
     const auto vi = c.basis.select(0, i);
@@ -73,7 +75,6 @@ void arnoldi_step_tensors(ArnoldiCycle& c, at::Tensor w, std::int64_t j, const a
   }
   const auto next = w.norm(2, 1);
   c.h.select(2, j).select(1, j + 1).copy_(next);
-  c.basis.select(0, j + 1).copy_(w / at::where(next > 0, next, 1).unsqueeze(1));
   auto column = c.h.select(2, j);
   for (std::int64_t i = 0; i < j; ++i) {
     const auto top = column.select(1, i).clone(), bottom = column.select(1, i + 1).clone();
@@ -83,6 +84,10 @@ void arnoldi_step_tensors(ArnoldiCycle& c, at::Tensor w, std::int64_t j, const a
   }
   const auto diag = column.select(1, j).clone(), below = column.select(1, j + 1).clone();
   const auto radius = at::hypot(diag, below);
+  // A column that is not finite or leaves R singular ends the row's cycle without it.
+  const auto broke = c.open & (~at::isfinite(column.narrow(1, 0, j + 2)).all(1) | (radius == 0));
+  c.broken = c.broken | broke;
+  c.open = c.open & ~broke;
   const auto safe = at::where(radius > 0, radius, 1);
   const auto cj = at::where(radius > 0, diag / safe, 1),
              sj = at::where(radius > 0, below / safe, 0);
@@ -95,6 +100,10 @@ void arnoldi_step_tensors(ArnoldiCycle& c, at::Tensor w, std::int64_t j, const a
   c.g.select(1, j).copy_(cj * gj);
   c.used = at::where(c.open, j + 1, c.used);
   c.open = c.open & (c.g.select(1, j + 1).abs() > tol) & (next > 0);
+  // Only rows still extending their basis get the next vector: a zero one for the others
+  // keeps what their closed columns hold (NaN of a broken row) out of the update.
+  c.basis.select(0, j + 1).copy_(
+      at::where(c.open.unsqueeze(1), w / at::where(next > 0, next, 1).unsqueeze(1), 0));
 }
 
 // x = V y with R y = g over each row's own `used` columns (identity beyond them).
@@ -124,6 +133,7 @@ void arnoldi_step_rows(ArnoldiCycle& c, at::Tensor w, std::int64_t j, const at::
   T* const cs = c.cs.data_ptr<T>();
   T* const sn = c.sn.data_ptr<T>();
   bool* const open = c.open.data_ptr<bool>();
+  bool* const broken = c.broken.data_ptr<bool>();
   std::int64_t* const used = c.used.data_ptr<std::int64_t>();
   const T* const tolp = tol.data_ptr<T>();
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -148,17 +158,24 @@ void arnoldi_step_rows(ArnoldiCycle& c, at::Tensor w, std::int64_t j, const at::
     for (std::int64_t l = 0; l < n; ++l)
       squares += wr[l] * wr[l];
     const T next = std::sqrt(squares);
-    T* const vj = vector(j + 1);
-    for (std::int64_t l = 0; l < n; ++l)
-      vj[l] = wr[l] / (next > 0 ? next : 1);
     hr[(j + 1) * m + j] = next;
+    bool finite = std::isfinite(next);
     for (std::int64_t i = 0; i < j; ++i) {
       const T top = hr[i * m + j], bottom = hr[(i + 1) * m + j];
       hr[i * m + j] = cr[i] * top + sr[i] * bottom;
       hr[(i + 1) * m + j] = -sr[i] * top + cr[i] * bottom;
+      finite = finite && std::isfinite(hr[i * m + j]);
     }
     const T diag = hr[j * m + j], below = hr[(j + 1) * m + j];
     const T radius = std::hypot(diag, below);
+    if (!finite || !std::isfinite(radius) || radius == 0) {
+      open[r] = false;
+      broken[r] = true;
+      continue;
+    }
+    T* const vj = vector(j + 1);
+    for (std::int64_t l = 0; l < n; ++l)
+      vj[l] = wr[l] / (next > 0 ? next : 1);
     cr[j] = radius > 0 ? diag / radius : 1;
     sr[j] = radius > 0 ? below / radius : 0;
     hr[j * m + j] = radius;
@@ -237,14 +254,20 @@ KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
   while (to_host<bool>(running.any())) {
     ArnoldiCycle cycle(z, beta, running, m);
     std::int64_t steps = 0;
-    for (; steps < m && to_host<bool>(cycle.open.any()); ++steps) {
+    // The cap holds inside a cycle too (NEML2 checks it only between cycles, so that
+    // max_its below restart does not bound its steps).
+    const auto below_cap = [&] {
+      cycle.open = cycle.open & (iterations < config.max_its);
+      return to_host<bool>(cycle.open.any());
+    };
+    for (; steps < m && below_cap(); ++steps) {
       iterations = iterations + cycle.open.to(at::kLong);
       cycle.reserve(steps, m);
       arnoldi_step(cycle, precondition(ops.apply(cycle.basis.select(0, steps))), steps, tol);
     }
     x = x + at::where(running.unsqueeze(1), cycle_step(cycle, steps), 0);
-    // NEML2 checks the iteration cap between cycles: a cycle always runs to its end.
-    running = running & (iterations < config.max_its);
+    // A row that broke down would break again from where it stopped: it leaves unconverged.
+    running = running & ~cycle.broken & (iterations < config.max_its);
     if (!to_host<bool>(running.any()))
       break;
     z = precondition(b - ops.apply(x));

@@ -31,9 +31,10 @@ enum class GmresKernel { automatic, tensors };
 
 /// @brief Restarted, left-preconditioned GMRES per row, as NEML2 3.1's Krylov loop behaves
 /// (see SolverConfig::Krylov): from x = 0, cycles of at most `restart` Arnoldi steps (a row
-/// stops extending its basis once its residual estimate is within tolerance), each followed
-/// by the update and, while below `max_its`, the true residual. Rows are solved in lock-step
-/// but each row's result depends on that row alone (rows that stopped ride along unused).
+/// stops extending its basis once its residual estimate is within tolerance, at `max_its` steps
+/// in all, or at a breakdown: a new column that is not finite or a zero pivot, left out), each
+/// followed by the update and, while below `max_its`, the true residual. Rows are solved in
+/// lock-step but each row's result depends on that row alone (rows that stopped ride along unused).
 /// Only the rows of `active` are solved (undefined: all); the others get x = 0.
 [[nodiscard]] KrylovResult gmres(const KrylovOperators& ops, const at::Tensor& b,
                                  const SolverConfig::Krylov& config, const at::Tensor& active = {},

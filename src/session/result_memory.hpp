@@ -2,68 +2,13 @@
 
 // Result tensors from memory the library keeps (see neml2/memory.hpp).
 
-#include <initializer_list>
-#include <span>
-#include <vector>
-
 #include <ATen/Tensor.h>
-#include <c10/util/SmallVector.h>
+
+#include "graph/landing.hpp"
 
 namespace neml2::detail {
 
 /// An uninitialized, contiguous CPU tensor whose memory is reused once it is released.
 [[nodiscard]] at::Tensor empty_result(c10::IntArrayRef sizes, c10::ScalarType dtype);
-
-/// Memory a result may be written to: `bytes` from `data`, dense (undefined: nowhere).
-struct Place {
-  void* data = nullptr;
-  std::size_t bytes = 0;
-};
-/// Places of each result of a call, in slot order.
-using Places = c10::SmallVector<Place, 8>;
-
-/// Where `t` is, if it is a dense CPU tensor aligned as torch aligns its allocations;
-/// otherwise nowhere.
-[[nodiscard]] Place place_of(const at::Tensor& t) noexcept;
-
-/// @brief Where the results of a graph run on this thread may be written: while a Landing
-/// lives, an allocation on torch's CPU allocator of exactly one target's size is that
-/// target's memory (each target once), so a graph's result lands in place (the caller's
-/// tensor, or a chunk's rows of kept memory) instead of memory of its own that is then
-/// copied. Nothing depends on it happening: a result whose data is its target's is not
-/// copied again (copy_rows in src/chunking.cpp), any other is copied as before.
-class Landing {
-public:
-  /// `targets[i]` is the memory for result i; none where it is nowhere, not aligned as
-  /// torch aligns its allocations, or shares memory with an earlier target or with any
-  /// tensor the run `reads`.
-  Landing(std::span<const Place> targets,
-          std::initializer_list<const std::vector<at::Tensor>*> reads);
-  ~Landing();
-  Landing(const Landing&) = delete;
-  Landing& operator=(const Landing&) = delete;
-
-  /// Ends the landing (this thread allocates as before) once the graph has run, before
-  /// any result is written to a target: a result that uses a claimed target's memory
-  /// other than exactly as its own target (an intermediate of that size came first, or a
-  /// view) is copied out of it, so that writing the targets cannot overwrite it.
-  void settle(std::vector<at::Tensor>& results);
-
-  /// The memory of an unclaimed target of exactly `bytes`, now claimed; null if none.
-  [[nodiscard]] void* claim(std::size_t bytes) noexcept;
-
-  /// How many results have landed on this thread so far (for tests).
-  [[nodiscard]] static std::size_t landed_on_this_thread() noexcept;
-
-private:
-  struct Target : Place {
-    bool claimed = false;
-  };
-  void end() noexcept;
-
-  c10::SmallVector<Target, 8> _targets;
-  Landing* _outer;
-  bool _armed = true;
-};
 
 } // namespace neml2::detail

@@ -43,6 +43,14 @@ c10::Device resolve(const Device& device) {
   return c10::impl::getDeviceGuardImpl(d.type())->getDevice();
 }
 
+// Whether two shapes broadcast (aligned at the right, each pair of sizes equal or one 1).
+bool broadcast_together(const Shape& a, const Shape& b) {
+  for (auto i = a.rbegin(), j = b.rbegin(); i != a.rend() && j != b.rend(); ++i, ++j)
+    if (*i != *j && *i != 1 && *j != 1)
+      return false;
+  return true;
+}
+
 } // namespace
 
 struct Session::Impl {
@@ -186,10 +194,10 @@ struct Session::Impl {
 };
 
 Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
-                 c10::ScalarType dtype, std::size_t concurrency)
+                 c10::ScalarType dtype, std::size_t concurrency) try
     : _impl(std::make_unique<Impl>()) {
   auto& m = *_impl;
-  m.artifact = std::move(artifact);
+  m.artifact = artifact;
   m.dtype = dtype;
   m.runners = std::max<std::size_t>(concurrency, 1);
   m.leaf = m.artifact->leaf(device, dtype);
@@ -217,7 +225,17 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
   }
 
-  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there).
+  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there),
+  // which must broadcast together.
+  for (auto v = a.inputs.begin(); v != a.inputs.end(); ++v)
+    for (auto w = a.inputs.begin(); w != v; ++w)
+      if (!broadcast_together(w->sub_batch_shape, v->sub_batch_shape))
+        throw FatalError(fmt::format(
+            "{}/metadata.json: inputs '{}' (sub-batch shape {}) and '{}' (sub-batch shape {}) "
+            "do not broadcast together; the file is not what neml2-compile writes: regenerate "
+            "the artifact with neml2-compile",
+            a.root.string(), w->name, detail::shape_text(w->sub_batch_shape), v->name,
+            detail::shape_text(v->sub_batch_shape)));
   std::vector<std::int64_t> sub_batch;
   for (const auto& v : a.inputs)
     sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
@@ -318,6 +336,12 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   for (auto p : m.vjp_params)
     gradients.push_back({a.parameters[p].base_shape, false});
   m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, gradients);
+} catch (const Exception&) {
+  throw;
+} catch (const std::exception& e) { // what the checks above did not foresee, as one of ours
+  throw detail::foreign(fmt::format("loading the artifact '{}' for {}",
+                                    artifact ? artifact->root.string() : "?", device.str()),
+                        e);
 }
 
 Session::~Session() = default;

@@ -71,6 +71,16 @@ void simulate_refuse(const std::string& message) {
   throw FatalError("simulate(): " + message);
 }
 
+void check_chunk_count(std::size_t scheduled, std::size_t per_call, std::size_t more_calls,
+                       std::int64_t batch, std::size_t calls) {
+  const auto room = max_simulated_chunks - std::min(scheduled, max_simulated_chunks);
+  if (per_call > 0 && more_calls > room / per_call)
+    simulate_refuse(fmt::format("{} call(s) of {} rows take more than {} chunks, the most one "
+                                "simulation schedules; simulate fewer calls, fewer rows or "
+                                "larger chunks",
+                                calls, batch, max_simulated_chunks));
+}
+
 VirtualNode::VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::size_t> lanes)
     : _devices(std::move(devices))
     , _compute_free(_devices.size(), 0)

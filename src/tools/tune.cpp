@@ -5,7 +5,9 @@
 #include <array>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <sstream>
 
@@ -22,6 +24,8 @@
 
 #include <neml2/dispatched_model.hpp>
 #include <neml2/tune.hpp>
+
+#include "artifact/files.hpp"
 
 namespace neml2 {
 
@@ -197,7 +201,7 @@ void Sweep::record(std::int64_t rows, const Timing& timing) {
     _stop = SweepStop::cap;
     return;
   }
-  _next_growth = std::min(_next_growth * 2, _options.max_rows);
+  _next_growth = _next_growth > _options.max_rows / 2 ? _options.max_rows : _next_growth * 2;
 }
 
 Sweep run_sweep(const std::function<Timing(std::int64_t rows)>& measure, SweepOptions options,
@@ -273,7 +277,10 @@ Recommendations recommend(const TuneResult& result, double knee_fraction, double
     const auto knee = curve.knee(knee_fraction).rows;
     r.pool.devices.push_back(curve.device);
     r.pool.batch_sizes.push_back(knee);
-    r.pool.capacities.push_back(knee * std::max(curve.overlap_chunks, 1));
+    const std::int64_t overlap = std::max(curve.overlap_chunks, 1);
+    r.pool.capacities.push_back(knee > std::numeric_limits<std::int64_t>::max() / overlap
+                                    ? std::numeric_limits<std::int64_t>::max()
+                                    : knee * overlap);
     r.pool.priorities.push_back(three_digits(curve.best().median / fastest));
     r.mpi.devices.push_back(curve.device);
     r.mpi.batch_sizes.push_back(curve.knee(sync_fraction).rows);
@@ -419,6 +426,9 @@ std::string tune_file_text(const TuneResult& result) {
 }
 
 namespace {
+constexpr std::string_view retune =
+    "re-tune to write a new file (neml2-dispatch tune STUB --device ... --out FILE)";
+
 // Reads fields by name; a missing or mistyped one is a FatalError naming it.
 struct FieldReader {
   const std::string& where;
@@ -470,10 +480,13 @@ struct FieldReader {
 } // namespace
 
 TuneResult parse_tune_file(const std::string& text, const std::string& where) {
+  // Bounded before nlohmann sees it (a real tune file is a few KB, 5 deep).
+  detail::check_size(text.size(), detail::max_tune_bytes, "tune file", where, retune);
+  detail::check_json_bounds(text, "tune file " + where, retune);
   json file;
   try {
     file = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) { // parse_error, or out_of_range for 1e400 (fuzz_tune)
     throw FatalError(fmt::format("tune file {} is not valid JSON ({}); re-tune to write a new "
                                  "file (neml2-dispatch tune STUB --device ... --out FILE)",
                                  where, e.what()));
@@ -559,14 +572,15 @@ void write_tune_file(const std::filesystem::path& file, const TuneResult& result
 }
 
 TuneResult read_tune_file(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in)
+  // Never opened when it is a FIFO or a device (it would block, or not end).
+  const auto status = detail::status_of(file, "tune file");
+  if (std::filesystem::is_regular_file(status) ? !std::ifstream(file)
+                                               : !std::filesystem::exists(status))
     throw FatalError(fmt::format("cannot read the tune file {}; tune first (neml2-dispatch tune "
                                  "STUB --device ... --out {})",
                                  file.string(), file.string()));
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_tune_file(text.str(), file.string());
+  return parse_tune_file(detail::read_text(file, "tune file", detail::max_tune_bytes, retune),
+                         file.string());
 }
 
 // -------------------------------------------------------------------- the machine key
@@ -794,20 +808,20 @@ std::int64_t rows_that_fit(const Artifact& artifact, const Device& device, c10::
   bytes_per_row *= static_cast<double>(c10::elementSize(dtype)) * 16;
   double available = 0;
   if (device.family() == DeviceFamily::cpu) {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    double kib = 0;
-    while (in >> key >> kib)
-      if (key == "MemAvailable:") {
-        available = kib * 1024;
+    std::ifstream in("/proc/meminfo"); // lines "Key:  N kB" (some without the unit)
+    for (std::string line; std::getline(in, line);)
+      if (line.starts_with("MemAvailable:")) {
+        available = std::strtod(line.c_str() + 13, nullptr) * 1024;
         break;
       }
   }
   if (device.family() == DeviceFamily::cuda)
     available = static_cast<double>(cuda_query(device.has_index() ? device.index() : 0).bytes);
-  if (available <= 0)
+  if (available <= 0 || bytes_per_row <= 0)
     return std::numeric_limits<std::int64_t>::max();
-  return std::max<std::int64_t>(1, static_cast<std::int64_t>(available / bytes_per_row));
+  const auto rows = available / bytes_per_row; // a double: converted only once in range
+  return rows >= 9.2e18 ? std::numeric_limits<std::int64_t>::max()
+                        : std::max<std::int64_t>(1, static_cast<std::int64_t>(rows));
 }
 
 } // namespace
@@ -882,7 +896,7 @@ double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningC
   *chunks.rows = knee;
   const auto direct = time_operation(chunked, curve.device, options, inputs, batch);
   const auto lane = time_operation(pool, curve.device, options, inputs, batch);
-  const auto per_call = (batch + knee - 1) / knee;
+  const auto per_call = batch / knee + (batch % knee != 0);
   if (options.on_lane_test)
     options.on_lane_test(d, direct, lane, per_call);
   return chunk_overhead_from(direct.seconds, lane.seconds, per_call);
@@ -927,11 +941,16 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
     const TuningChunks chunks{.device = device};
     const DispatchedModel<TuningChunks> chunked(shared, chunks, options.dtype);
     auto sweep_options = options.sweep;
-    sweep_options.min_rows = std::max(
-        sweep_options.min_rows, (options.batch_rows + options.max_chunks - 1) / options.max_chunks);
+    sweep_options.min_rows =
+        std::max(sweep_options.min_rows, (options.batch_rows - 1) / options.max_chunks + 1);
+    const auto fit = rows_that_fit(artifact, device, options.dtype);
+    // The inputs and outputs alone of a batch past 16 x fit (its margin) exceed the memory.
+    if (fit <= std::numeric_limits<std::int64_t>::max() / 16 && options.batch_rows > 16 * fit)
+      throw FatalError(fmt::format("tune(): a batch of {} rows does not fit in the free memory of "
+                                   "{} (about {} rows do); give a smaller batch",
+                                   options.batch_rows, device.str(), 16 * fit));
     sweep_options.max_rows =
-        std::max(sweep_options.min_rows,
-                 std::min(sweep_options.max_rows, rows_that_fit(artifact, device, options.dtype)));
+        std::max(sweep_options.min_rows, std::min(sweep_options.max_rows, fit));
     sweep_options.also.push_back(std::min(options.batch_rows, sweep_options.max_rows));
     // One call of batch_rows (or of the size, when larger) in chunks of the size.
     const auto sweep = run_sweep(

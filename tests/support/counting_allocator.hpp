@@ -1,13 +1,15 @@
 #pragma once
 
 // A CPU allocator that counts the bytes torch allocates: live now, and the peak since
-// reset(). Install it with c10::SetCPUAllocator(&counting, priority); it must outlive
-// every tensor it allocates (make it static).
+// reset(); it can fail allocations of one size on a thread (fail_bytes). Install it with
+// c10::SetCPUAllocator(&counting, priority); it must outlive every tensor it allocates (make it
+// static).
 
 #include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 
 #include <c10/core/CPUAllocator.h>
 
@@ -24,7 +26,15 @@ struct CountingAllocator final : c10::Allocator {
     std::int64_t bytes;
     CountingAllocator* owner;
   };
+  /// On this thread, an allocation of exactly `fail_bytes` (0: none) throws a foreign
+  /// error tagged "{fault alloc foreign}" (the stress test's tag) and counts in `failed`.
+  static inline thread_local std::size_t fail_bytes = 0;
+  static inline thread_local int failed = 0;
   c10::DataPtr allocate(std::size_t n) override {
+    if (fail_bytes != 0 && n == fail_bytes) {
+      ++failed;
+      throw std::runtime_error("{fault alloc foreign} injected foreign fault: out of memory");
+    }
     auto inner = base->allocate(n);
     if (static_cast<std::int64_t>(n) >= count_above)
       ++allocations_above;

@@ -34,8 +34,11 @@ struct Request {
 template <class F>
 void for_each_chunk(std::int64_t batch, std::int64_t rows, F&& f) {
   std::size_t index = 0;
-  for (std::int64_t first = 0; first < batch; first += rows, ++index)
-    f(first, rows < batch - first ? rows : batch - first, index);
+  for (std::int64_t first = 0; first < batch; ++index) {
+    const auto n = rows < batch - first ? rows : batch - first; // first + n never overflows
+    f(first, n, index);
+    first += n;
+  }
 }
 
 /// @brief One session per device a policy lists, the promoted parameters (the first

@@ -57,7 +57,7 @@ struct GreedyPriorityCapacity {
                                                       std::int64_t remaining, no_state&) const {
     std::optional<std::size_t> best;
     for (std::size_t d = 0; d < devices.size(); ++d)
-      if (rows_in_flight[d] + batch_size(d) <= capacity(d) &&
+      if (batch_size(d) <= capacity(d) - rows_in_flight[d] && // no overflow near INT64_MAX
           (!best || priority(d) > priority(*best)))
         best = d;
     if (!best)

@@ -139,8 +139,16 @@ struct AsyncEngine::Impl {
         });
       }
       lock.lock();
-    } else if (!progress.results && progress.errors.empty())
-      start_on_pool(progress); // the policy made it wait: started here, not on a worker
+    } else if (!progress.results && progress.errors.empty()) {
+      try { // the policy made it wait: started here, not on a worker
+        start_on_pool(progress);
+      } catch (...) { // then it waits for nothing: no chunk is booked, none will be
+        progress.errors.emplace_back(
+            progress.index, as_library_error(std::current_exception(), "allocating the outputs"));
+      }
+    }
+    // From here on the call leaves only when it is done (no chunk of it in flight) and
+    // after it is off the list of calls waiting for room.
     run_caller_chunks(progress, lock);
     std::erase(engine.waiting_for_room, &progress);
     lock.unlock();
@@ -206,17 +214,20 @@ struct AsyncEngine::Impl {
         // build's compiler, cannot capture bindings).
         const auto d = choice->device;
         const auto n = choice->rows;
+        const bool whole_here = may_run_here && n == batch && p.call.device == core.compute[d];
+        // Outputs first (only on the calling thread: dispatch_async starts the others): a
+        // failure leaves nothing booked with the policy or the loads.
+        if (!whole_here && !p.results)
+          start_on_pool(p);
         policy.on_dispatched(d, n);
         engine.rows_in_flight[d] += n;
         ++p.in_flight;
         const auto first = p.first;
         const auto index = p.index++;
         p.first += n;
-        if (may_run_here && n == batch && p.call.device == core.compute[d])
+        if (whole_here)
           return d;
         try {
-          if (!p.results) // only on the calling thread: dispatch_async starts the others
-            start_on_pool(p);
           if (d == _caller_lane) {
             p.caller_chunks.push_back({first, n, index});
             p.finished.notify_one(); // the calling thread runs it
