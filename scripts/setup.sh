@@ -37,3 +37,13 @@ if [ ! -f "$NEML2_DISPATCH_VENV/.complete" ]; then
   "$NEML2_DISPATCH_VENV/bin/pip" install -q -r "$root/requirements.txt"
   touch "$NEML2_DISPATCH_VENV/.complete"
 fi
+
+# What the Python module's wheel and tests need (python/requirements.txt), in a step of its
+# own: the environment's hash above covers only requirements.txt, so this file can change
+# without rebuilding the environment (and downloading torch again).
+python_key="$(sha256sum "$root/python/requirements.txt" | cut -c1-12)"
+if [ ! -f "$NEML2_DISPATCH_VENV/.python-$python_key" ]; then
+  echo "setup: installing python/requirements.txt into $NEML2_DISPATCH_VENV"
+  "$NEML2_DISPATCH_VENV/bin/pip" install -q -r "$root/python/requirements.txt"
+  touch "$NEML2_DISPATCH_VENV/.python-$python_key"
+fi

@@ -1,0 +1,41 @@
+#pragma once
+
+// What the binding's translation units share: torch's pybind11 (its headers and its
+// at::Tensor / torch.dtype casters, from the torch wheel) and the error family.
+
+#include <memory>
+
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <neml2/dispatch_fwd.hpp>
+
+namespace neml2::python {
+
+namespace py = pybind11;
+
+/// Creates the exception family (Error, FatalError, ConvergenceError, AggregateError) in
+/// `m` and translates every neml2::Exception (and torch's c10::Error) into it.
+void register_errors(py::module_& m);
+
+/// Nonzero on a thread while it runs Python code the library called back (an observer, a
+/// Python policy's method): a configuration of a model from there would wait for the very
+/// call that runs it, so it is refused.
+extern thread_local int in_callback;
+
+/// Marks the current thread as in a callback for its lifetime.
+struct CallbackMark {
+  CallbackMark() { ++in_callback; }
+  ~CallbackMark() { --in_callback; }
+  CallbackMark(const CallbackMark&) = delete;
+  CallbackMark& operator=(const CallbackMark&) = delete;
+};
+
+/// True for an object that declares `dispatch_mode` (a policy written in Python).
+bool is_python_policy(const py::object& policy);
+
+/// A model of `artifact` dispatched by a policy written in Python (python_policy.cpp).
+AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
+                                      const py::object& policy, c10::ScalarType dtype);
+
+} // namespace neml2::python

@@ -1,0 +1,187 @@
+// Policies written in Python: any object with the concept's methods, run as a
+// DispatchedModel of one of two C++ policies that hold it and call it, the GIL taken per
+// decision. `dispatch_mode = "synchronous"`: compute_device() and chunk_rows(batch), once
+// per call; "asynchronous": next_chunk(rows_in_flight, remaining) -> (device, rows) or
+// None, on_dispatched(device, rows), on_completed(device, rows, seconds), under the
+// model's lock (so the object may keep its own state, as a C++ policy's state_type).
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include <neml2/dispatch.hpp>
+
+#include "bindings.hpp"
+
+namespace neml2::python {
+namespace {
+
+// The Python object, shared by the model's copies of the policy; released under the GIL.
+using Held = std::shared_ptr<py::object>;
+
+Held hold(py::object object) {
+  return {new py::object(std::move(object)), [](py::object* p) {
+            py::gil_scoped_acquire gil;
+            delete p;
+          }};
+}
+
+// The result of a policy's method, checked: a FatalError names the method and what it
+// returned.
+template <class R>
+R convert(py::handle value, const char* name);
+
+template <>
+std::string convert<std::string>(py::handle value, const char* name) {
+  if (!PyUnicode_Check(value.ptr()))
+    throw FatalError(std::string("the Python policy's ") + name + "() returned a " +
+                     py::str(py::type::of(value).attr("__name__")).cast<std::string>() +
+                     "; it must return a device string such as 'cpu'");
+  return value.cast<std::string>();
+}
+
+template <>
+std::int64_t convert<std::int64_t>(py::handle value, const char* name) {
+  if (!PyLong_Check(value.ptr()))
+    throw FatalError(std::string("the Python policy's ") + name + "() returned a " +
+                     py::str(py::type::of(value).attr("__name__")).cast<std::string>() +
+                     "; it must return an int (rows)");
+  return value.cast<std::int64_t>();
+}
+
+template <>
+std::optional<ChunkChoice> convert<std::optional<ChunkChoice>>(py::handle value, const char* name) {
+  if (value.is_none())
+    return std::nullopt;
+  if (!PyTuple_Check(value.ptr()) || PyTuple_Size(value.ptr()) != 2 ||
+      !PyLong_Check(PyTuple_GET_ITEM(value.ptr(), 0)) ||
+      !PyLong_Check(PyTuple_GET_ITEM(value.ptr(), 1)))
+    throw FatalError(std::string("the Python policy's ") + name + "() returned " +
+                     py::repr(value).cast<std::string>() +
+                     "; it must return (device index, rows) or None to wait");
+  const auto device = value[py::int_(0)].cast<std::int64_t>();
+  if (device < 0)
+    throw FatalError(std::string("the Python policy's ") + name + "() chose device index " +
+                     std::to_string(device) + "; return an index into its devices");
+  return ChunkChoice{static_cast<std::size_t>(device), value[py::int_(1)].cast<std::int64_t>()};
+}
+
+// Calls object.name(args...) with the GIL taken; a Python exception becomes a FatalError
+// that names the method.
+template <class R, class... Args>
+R call(const Held& object, const char* name, Args&&... args) {
+  py::gil_scoped_acquire gil;
+  CallbackMark mark;
+  try {
+    auto result = object->attr(name)(std::forward<Args>(args)...);
+    if constexpr (!std::is_void_v<R>)
+      return convert<R>(result, name);
+  } catch (py::error_already_set& e) {
+    throw FatalError("the Python policy's " + std::string(name) + "() raised " + e.what());
+  }
+}
+
+std::vector<Device> devices_of(const py::object& object) {
+  auto listed = object.attr("devices");
+  if (PyCallable_Check(listed.ptr()))
+    listed = listed();
+  std::vector<Device> devices;
+  for (const auto& d : listed)
+    devices.emplace_back(py::str(d).cast<std::string>());
+  return devices;
+}
+
+/// A synchronous policy in Python.
+struct PythonSynchronousPolicy {
+  using dispatch_mode = synchronous;
+
+  Held object;
+  std::vector<Device> listed;
+
+  [[nodiscard]] const std::vector<Device>& devices() const { return listed; }
+  [[nodiscard]] Device compute_device() const {
+    return Device(call<std::string>(object, "compute_device"));
+  }
+  [[nodiscard]] std::int64_t chunk_rows(std::int64_t batch) const {
+    return call<std::int64_t>(object, "chunk_rows", batch);
+  }
+};
+static_assert(DispatchPolicy<PythonSynchronousPolicy>);
+
+/// An asynchronous policy in Python: its state is the object's own (the hooks are called
+/// one at a time, under the model's lock).
+struct PythonAsynchronousPolicy {
+  using dispatch_mode = asynchronous;
+
+  Held object;
+  std::vector<Device> devices;
+  std::vector<std::size_t> in_flight; // chunks_in_flight(d), read once; empty: 1 each
+
+  [[nodiscard]] std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
+                                                      std::int64_t remaining, no_state&) const {
+    const std::vector<std::int64_t> loads(rows_in_flight.begin(), rows_in_flight.end());
+    return call<std::optional<ChunkChoice>>(object, "next_chunk", loads, remaining);
+  }
+  void on_dispatched(std::size_t device, std::int64_t rows, no_state&) const {
+    call<void>(object, "on_dispatched", device, rows);
+  }
+  void on_completed(std::size_t device, std::int64_t rows, double seconds, no_state&) const {
+    call<void>(object, "on_completed", device, rows, seconds);
+  }
+  [[nodiscard]] std::size_t chunks_in_flight(std::size_t d) const {
+    return in_flight.empty() ? 1 : in_flight.at(d);
+  }
+};
+static_assert(DispatchPolicy<PythonAsynchronousPolicy>);
+
+void require(const py::object& policy, const char* mode, std::initializer_list<const char*> names) {
+  std::string missing;
+  for (const auto* name : names)
+    if (!py::hasattr(policy, name) || !PyCallable_Check(policy.attr(name).ptr()))
+      missing += std::string(missing.empty() ? "" : ", ") + name + "()";
+  if (!missing.empty())
+    throw FatalError(std::string("a Python policy with dispatch_mode = '") + mode +
+                     "' must provide " + missing + " (docs/python.md#policies-written-in-python)");
+}
+
+} // namespace
+
+bool is_python_policy(const py::object& policy) {
+  return py::hasattr(policy, "dispatch_mode");
+}
+
+AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
+                                      const py::object& policy, c10::ScalarType dtype) {
+  const auto mode = py::str(policy.attr("dispatch_mode")).cast<std::string>();
+  if (mode != "synchronous" && mode != "asynchronous")
+    throw FatalError("a Python policy's dispatch_mode is '" + mode +
+                     "'; it must be 'synchronous' or 'asynchronous'");
+  if (!py::hasattr(policy, "devices"))
+    throw FatalError("a Python policy must provide devices (a list of device strings, or a "
+                     "method returning one): the devices it may use");
+  auto devices = devices_of(policy);
+  if (py::hasattr(policy, "validate"))
+    policy.attr("validate")();
+  if (mode == "synchronous") {
+    require(policy, "synchronous", {"compute_device", "chunk_rows"});
+    PythonSynchronousPolicy p{hold(policy), std::move(devices)};
+    py::gil_scoped_release nogil;
+    return DispatchedModel<PythonSynchronousPolicy>(std::move(artifact), std::move(p), dtype);
+  }
+  require(policy, "asynchronous", {"next_chunk", "on_dispatched", "on_completed"});
+  std::vector<std::size_t> in_flight;
+  if (py::hasattr(policy, "chunks_in_flight"))
+    for (std::size_t d = 0; d < devices.size(); ++d)
+      in_flight.push_back(policy.attr("chunks_in_flight")(d).cast<std::size_t>());
+  PythonAsynchronousPolicy p{hold(policy), std::move(devices), std::move(in_flight)};
+  py::gil_scoped_release nogil;
+  return DispatchedModel<PythonAsynchronousPolicy>(std::move(artifact), std::move(p), dtype);
+}
+
+} // namespace neml2::python

@@ -1,0 +1,83 @@
+"""Compiled NEML2 models (the `.pt2` artifacts ``neml2-compile`` writes) evaluated over large
+batches, each batch cut into chunks and run where a policy says: the Python face of the
+neml2-dispatch C++ library.
+
+    import torch, neml2_dispatch as nd
+    model = nd.load_model("aoti/elasticity_aoti.i", "elasticity",
+                          nd.SyncChunking(device="cpu", batch_size=16384))
+    stress = model.forward({"strain": strain})["stress"]
+
+Tensors go in and come out as dicts keyed by variable name and are never copied; the GIL
+is released for the whole of every call. Every error is a :class:`Error` (a RuntimeError)
+carrying the library's message. See docs/python.md.
+"""
+
+import json as _json
+import os as _os
+
+import torch as _torch  # noqa: F401  (libtorch and torch's Python types, before the module)
+
+try:  # NEML2 defines the torch operator neml2::opaque_pow when imported, unconditionally (a
+    # second definition is an error); the library defines it only when absent. Imported
+    # first, NEML2's definition is the one, whichever of the two a program uses next.
+    import neml2 as _neml2  # noqa: F401
+except ImportError:
+    pass
+
+from ._core import (
+    AggregateError,
+    ChunkEvent,
+    ConvergenceError,
+    Error,
+    FatalError,
+    GreedyPriorityCapacity,
+    KrylovConfig,
+    Model,
+    PreparedCall,
+    SolverConfig,
+    SyncChunking,
+    __version__,
+    load_model,
+    tuned_policy,
+)
+from . import _core
+
+__all__ = [
+    "AggregateError", "ChunkEvent", "ConvergenceError", "Error", "FatalError",
+    "GreedyPriorityCapacity", "KrylovConfig", "Model", "PreparedCall", "SolverConfig",
+    "SyncChunking", "__version__", "artifact_info", "cmake_prefix", "load_model",
+    "program", "tuned_policy",
+]
+
+_HERE = _os.path.dirname(_os.path.abspath(__file__))
+
+
+def artifact_info(path, name=None, *, text=False):
+    """What an artifact offers (``neml2-dispatch info``): its inputs, outputs and
+    parameters with their shapes, the operations its graphs can run, its segments and
+    solver settings, the device/dtype folders present. A dict (the ``--json`` form), or
+    the text for people with ``text=True``."""
+    if text:
+        return _core._artifact_info_text(_os.fspath(path), name)
+    return _json.loads(_core._artifact_info_json(_os.fspath(path), name))
+
+
+def cmake_prefix():
+    """The prefix a C++ project passes to find_package(neml2_dispatch) (as
+    CMAKE_PREFIX_PATH): the wheel's package folder, which holds include/, lib/ (the static
+    libraries and lib/cmake/neml2_dispatch) and bin/neml2-dispatch. A FileNotFoundError
+    where the module was not installed from the wheel (a build tree has no package)."""
+    if not _os.path.isdir(_os.path.join(_HERE, "lib", "cmake", "neml2_dispatch")):
+        raise FileNotFoundError(
+            f"no C++ package beside the module in {_HERE}: it is installed by the wheel "
+            "(pip install ./python); a build tree's package is `cmake --install build`")
+    return _HERE
+
+
+def program():
+    """The path of the neml2-dispatch program the wheel installed (the console script
+    ``neml2-dispatch`` runs it)."""
+    path = _os.path.join(_HERE, "bin", "neml2-dispatch")
+    if not _os.path.isfile(path):
+        raise FileNotFoundError(f"no neml2-dispatch program in {_HERE}/bin (installed by the wheel)")
+    return path

@@ -1,0 +1,169 @@
+"""Type stubs of neml2_dispatch's compiled core (import neml2_dispatch instead)."""
+
+from os import PathLike
+from typing import (Callable, Literal, Mapping, Optional, Protocol, Sequence, Type, TypeVar, Union,
+                    overload)
+
+import torch
+
+__version__: str
+
+TensorDict = Mapping[str, torch.Tensor]
+BlockDict = Mapping[str, Mapping[str, torch.Tensor]]
+StrPath = Union[str, PathLike]
+
+class Error(RuntimeError):
+    """Base of every error neml2_dispatch raises, with the library's message."""
+    recoverable: bool
+    details: str
+
+class FatalError(Error):
+    """A retry would fail the same way: bad input, a malformed artifact, a foreign error."""
+
+class ConvergenceError(Error):
+    """A nonlinear solve did not converge (recoverable)."""
+    per_row: bool
+    converged_mask: Optional[torch.Tensor]
+    failed_rows: int
+    worst_residual: float
+    outputs: dict[str, torch.Tensor]
+    results: list[Optional[torch.Tensor]]
+
+class AggregateError(Error):
+    """Several errors at once (concurrent chunks), in chunk order."""
+    errors: list[Error]
+
+class SyncChunking:
+    """The whole batch on one device, in chunks of `batch_size` rows (0: one call)."""
+    device: str
+    batch_size: int
+    def __init__(self, device: str = "cpu", batch_size: int = 0) -> None: ...
+
+class GreedyPriorityCapacity:
+    """One batch over several devices at once (see the class docstring)."""
+    devices: list[str]
+    batch_sizes: list[int]
+    capacities: list[int]
+    priorities: list[float]
+    def __init__(self, devices: Sequence[str], batch_sizes: Sequence[int],
+                 capacities: Sequence[int] = ..., priorities: Sequence[float] = ...) -> None: ...
+
+class PythonSynchronousPolicy(Protocol):
+    """A synchronous policy written in Python (docs/python.md)."""
+    dispatch_mode: Literal["synchronous"]
+    devices: Union[Sequence[str], Callable[[], Sequence[str]]]
+    def compute_device(self) -> str: ...
+    def chunk_rows(self, batch: int) -> int: ...
+
+class PythonAsynchronousPolicy(Protocol):
+    """An asynchronous policy written in Python: its methods are called one at a time."""
+    dispatch_mode: Literal["asynchronous"]
+    devices: Union[Sequence[str], Callable[[], Sequence[str]]]
+    def next_chunk(self, rows_in_flight: list[int],
+                   remaining: int) -> Optional[tuple[int, int]]: ...
+    def on_dispatched(self, device: int, rows: int) -> None: ...
+    def on_completed(self, device: int, rows: int, seconds: float) -> None: ...
+
+Policy = Union[SyncChunking, GreedyPriorityCapacity, PythonSynchronousPolicy,
+               PythonAsynchronousPolicy]
+P = TypeVar("P", SyncChunking, GreedyPriorityCapacity)
+
+class KrylovConfig:
+    method: str
+    restart: int
+    max_its: int
+    abs_tol: float
+    rel_tol: float
+    cache_strategy: str
+    cache_max_its: int
+    def __init__(self) -> None: ...
+
+class SolverConfig:
+    """The Newton settings of an implicit model (a copy)."""
+    atol: float
+    rtol: float
+    miters: int
+    substep_del_tol: float
+    ls_type: str
+    ls_max_iters: int
+    ls_cutback: float
+    ls_c: float
+    solver_kind: str
+    krylov: KrylovConfig
+    compact_below: float
+    def __init__(self) -> None: ...
+
+class ChunkEvent:
+    """One chunk of a call, reported when it completes."""
+    @property
+    def index(self) -> int: ...
+    @property
+    def device_index(self) -> int: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def first(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+
+class PreparedCall:
+    """A call bound once to input names (Model.prepare)."""
+    @property
+    def input_names(self) -> list[str]: ...
+    def forward(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]: ...
+    def forward_into(self, inputs: Sequence[torch.Tensor],
+                     outputs: Sequence[torch.Tensor]) -> None: ...
+
+class Model:
+    """A compiled model dispatched by a policy (load_model)."""
+    def forward(self, inputs: TensorDict) -> dict[str, torch.Tensor]: ...
+    def jvp(self, inputs: TensorDict,
+            tangents: TensorDict) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]: ...
+    def jacobian(self, inputs: TensorDict
+                 ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]: ...
+    def param_jacobian(self, inputs: TensorDict
+                       ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]: ...
+    def param_vjp(self, inputs: TensorDict, cotangents: TensorDict) -> dict[str, torch.Tensor]: ...
+    def forward_into(self, inputs: TensorDict, outputs: TensorDict) -> None: ...
+    def jvp_into(self, inputs: TensorDict, tangents: TensorDict, outputs: TensorDict,
+                 output_tangents: TensorDict) -> None: ...
+    def jacobian_into(self, inputs: TensorDict, outputs: TensorDict, J: BlockDict) -> None: ...
+    def param_jacobian_into(self, inputs: TensorDict, outputs: TensorDict, P: BlockDict) -> None: ...
+    def param_vjp_into(self, inputs: TensorDict, cotangents: TensorDict,
+                       gradients: TensorDict) -> None: ...
+    def prepare(self, names: Optional[Sequence[str]] = None) -> PreparedCall: ...
+    def set_observer(self, observer: Optional[Callable[[ChunkEvent], object]]) -> None: ...
+    def named_parameters(self) -> dict[str, torch.Tensor]: ...
+    def set_parameter(self, name: str, value: torch.Tensor) -> None: ...
+    def solver_config(self) -> SolverConfig: ...
+    def set_solver_config(self, config: SolverConfig) -> None: ...
+    @property
+    def input_names(self) -> list[str]: ...
+    @property
+    def output_names(self) -> list[str]: ...
+    @property
+    def input_base_shapes(self) -> list[list[int]]: ...
+    @property
+    def output_base_shapes(self) -> list[list[int]]: ...
+    @property
+    def parameter_base_shapes(self) -> dict[str, list[int]]: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def devices(self) -> list[str]: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
+    @property
+    def policy(self) -> Policy: ...
+
+@overload
+def load_model(path: StrPath, name: Optional[str] = None, policy: Optional[Policy] = None,
+               dtype: torch.dtype = torch.float64) -> Model: ...
+@overload
+def load_model(path: StrPath, policy: Policy, *, dtype: torch.dtype = torch.float64) -> Model: ...
+def tuned_policy(kind: Type[P], tune_file: StrPath, path: StrPath, name: Optional[str] = None,
+                 dtype: torch.dtype = torch.float64) -> P: ...
+def _artifact_info_json(path: StrPath, name: Optional[str] = None) -> str: ...
+def _artifact_info_text(path: StrPath, name: Optional[str] = None) -> str: ...

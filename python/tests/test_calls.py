@@ -1,0 +1,253 @@
+"""Every call of neml2_dispatch.Model against eager NEML2 (the Python model, not the
+compiled graphs) and against NEML2's own binding of the compiled model (neml2.aoti.Model)
+on the same artifact, under both built-in policies; tensors in and out without copies."""
+
+import pytest
+import torch
+
+import neml2_dispatch as nd
+from conftest import (artifact_root, check_close, check_maps, eager, eager_name, random_inputs,
+                      raw, scalar_inputs, stub)
+
+POLICIES = {
+    "sync_whole": lambda: nd.SyncChunking(),
+    "sync_chunks_of_7": lambda: nd.SyncChunking(device="cpu", batch_size=7),
+    "greedy_chunks_of_5": lambda: nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[5]),
+}
+
+
+@pytest.fixture(params=list(POLICIES))
+def policy(request):
+    return POLICIES[request.param]()
+
+
+def eager_outputs(model, inputs):
+    return {n: raw(v) for n, v in model.call_by_name(inputs).items()}
+
+
+@pytest.mark.parametrize("batch", [1, 33])
+def test_forward_matches_eager_and_neml2_binding(elasticity, eager_elasticity, policy, batch):
+    model = nd.load_model(elasticity, "elasticity", policy)
+    assert model.input_names == ["strain"] and model.output_names == ["stress"]
+    assert model.input_base_shapes == [[6]] and model.dtype == torch.float64
+    inputs = random_inputs(model, batch, seed=batch)
+    out = model.forward(inputs)
+    check_maps(out, eager_outputs(eager_elasticity, inputs), "forward vs eager")
+    from neml2.aoti import Model as Neml2Compiled
+
+    theirs = Neml2Compiled(str(artifact_root("elasticity", "elasticity")))
+    check_maps(out, theirs.forward(inputs), "forward vs neml2.aoti", rtol=1e-13)
+
+
+def test_jvp_and_jacobian_match_eager(elasticity, eager_elasticity, policy):
+    model = nd.load_model(elasticity, "elasticity", policy)
+    inputs = random_inputs(model, 33, seed=1)
+    tangents = {"strain": torch.rand(33, 6, generator=torch.Generator().manual_seed(2)) - 0.5}
+    out, d = model.jvp(inputs, tangents)
+    _, eager_d = eager_elasticity.jvp(inputs, tangents)
+    check_maps(out, eager_outputs(eager_elasticity, inputs), "jvp outputs")
+    check_maps(d, {n: raw(v) for n, v in eager_d.items()}, "jvp vs eager")
+    out, J = model.jacobian(inputs)
+    _, eager_J = eager_elasticity.jacobian(inputs)
+    assert set(J) == {"stress"} and set(J["stress"]) == {"strain"}
+    # Linear elasticity's block does not depend on the row: returned once, unbatched.
+    assert J["stress"]["strain"].shape == (6, 6)
+    check_close(J["stress"]["strain"], eager_J["stress"]["strain"], "J vs eager", broadcast=True)
+    from neml2.aoti import Model as Neml2Compiled
+
+    _, their_J = Neml2Compiled(str(artifact_root("elasticity", "elasticity"))).jacobian(inputs)
+    check_close(J["stress"]["strain"], their_J["stress"]["strain"], "J vs neml2.aoti", 1e-13,
+                broadcast=True)
+
+
+def test_parameters_param_jacobian_and_param_vjp_match_eager(policy):
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity", policy)
+    ref = eager("elasticity.i", "elasticity")
+    params = ["elasticity.E", "elasticity.nu"]
+    names = {p: eager_name(ref, p, "elasticity") for p in params}
+    assert sorted(model.named_parameters()) == params
+    assert model.parameter_base_shapes == {"elasticity.E": [], "elasticity.nu": []}
+    inputs = random_inputs(model, 7, seed=3)
+
+    out, P = model.param_jacobian(inputs)
+    _, eager_P = ref.param_jacobian(inputs, list(names.values()))
+    for p, e in names.items():
+        check_close(P["stress"][p], eager_P["stress"][e], f"P[stress][{p}] vs eager")
+    cot = {"stress": torch.rand(7, 6, generator=torch.Generator().manual_seed(4)) - 0.5}
+    grads = model.param_vjp(inputs, cot)
+    eager_grads = ref.param_vjp(inputs, cot, list(names.values()))
+    for p, e in names.items():
+        check_close(grads[p], eager_grads[e], f"param_vjp[{p}] vs eager")
+
+    # set_parameter, then forward: eager NEML2 with the same value.
+    value = model.named_parameters()["elasticity.E"] * 1.5
+    model.set_parameter("elasticity.E", value)
+    ref.set_parameter(names["elasticity.E"], value.clone())
+    check_maps(model.forward(inputs), eager_outputs(ref, inputs), "forward after set_parameter")
+    # named_parameters() are the model's own tensors: an in-place change is seen.
+    model.named_parameters()["elasticity.nu"].fill_(0.25)
+    ref.set_parameter(names["elasticity.nu"], torch.tensor(0.25))
+    check_maps(model.forward(inputs), eager_outputs(ref, inputs), "forward after an in-place change")
+
+
+def test_into_forms_write_the_callers_tensors(policy):
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity", policy)
+    ref = eager("elasticity.i", "elasticity")
+    batch = 33
+    inputs = random_inputs(model, batch, seed=5)
+    nan = float("nan")
+    stress = torch.full((batch, 6), nan)
+    before = stress.data_ptr()
+    model.forward_into(inputs, {"stress": stress})
+    assert stress.data_ptr() == before
+    check_close(stress, raw(ref.call_by_name(inputs)["stress"]), "forward_into")
+
+    tangents = {"strain": torch.rand(batch, 6) - 0.5}
+    out, d = torch.full((batch, 6), nan), torch.full((batch, 6), nan)
+    model.jvp_into(inputs, tangents, {"stress": out}, {"stress": d})
+    check_close(d, raw(ref.jvp(inputs, tangents)[1]["stress"]), "jvp_into")
+
+    J = torch.full((batch, 6, 6), nan).transpose(1, 2)  # any strides
+    model.jacobian_into(inputs, {"stress": torch.full((batch, 6), nan)}, {"stress": {"strain": J}})
+    check_close(J, raw(ref.jacobian(inputs)[1]["stress"]["strain"]), "jacobian_into")
+
+    eager_names = [eager_name(ref, p, "elasticity") for p in ("elasticity.E", "elasticity.nu")]
+    P = {"stress": {"elasticity.E": torch.full((batch, 6), nan),
+                    "elasticity.nu": torch.full((batch, 6), nan)}}
+    model.param_jacobian_into(inputs, {"stress": torch.full((batch, 6), nan)}, P)
+    eager_P = ref.param_jacobian(inputs, eager_names)[1]["stress"]
+    check_close(P["stress"]["elasticity.E"], eager_P[eager_names[0]], "param_jacobian_into E")
+    check_close(P["stress"]["elasticity.nu"], eager_P[eager_names[1]], "param_jacobian_into nu")
+
+    cot = {"stress": torch.rand(batch, 6) - 0.5}
+    grads = {"elasticity.E": torch.full((), nan), "elasticity.nu": torch.full((), nan)}
+    model.param_vjp_into(inputs, cot, grads)
+    eager_grads = ref.param_vjp(inputs, cot, eager_names)
+    check_close(grads["elasticity.E"], eager_grads[eager_names[0]], "param_vjp_into E")
+
+
+def test_prepared_call_gives_forwards_bits(elasticity, eager_elasticity, policy):
+    model = nd.load_model(elasticity, "elasticity", policy)
+    step = model.prepare(["strain"])
+    assert step.input_names == ["strain"]
+    inputs = random_inputs(model, 33, seed=6)
+    (stress,) = step.forward([inputs["strain"]])
+    assert torch.equal(stress, model.forward(inputs)["stress"])
+    check_close(stress, raw(eager_elasticity.call_by_name(inputs)["stress"]), "prepared")
+    out = torch.empty(33, 6)
+    step.forward_into([inputs["strain"]], [out])
+    assert torch.equal(out, stress)
+    del model  # the prepared call keeps its model alive
+    (again,) = step.forward([inputs["strain"]])
+    assert torch.equal(again, stress)
+
+
+def test_results_are_not_copied_and_inputs_broadcast(elasticity, eager_elasticity):
+    model = nd.load_model(elasticity, "elasticity")
+    inputs = random_inputs(model, 5, seed=7)
+    # An unbatched input broadcasts to the batch, as in C++.
+    one = {"strain": inputs["strain"][0]}
+    check_close(model.forward(one)["stress"], raw(eager_elasticity.call_by_name(one)["stress"]),
+                "unbatched")
+    # The tensors the library returns are handed over as they are: writable, owned by the
+    # caller, and a second call does not change the first call's results.
+    first = model.forward(inputs)["stress"]
+    kept = first.clone()
+    model.forward(random_inputs(model, 5, seed=8))
+    assert torch.equal(first, kept)
+
+
+def test_implicit_model_and_solver_config_match_eager():
+    model = nd.load_model(stub("perzyna_viscoplasticity", "model"), "model",
+                          nd.SyncChunking(batch_size=3))
+    ref = eager("perzyna_viscoplasticity.i", "model")
+    config = model.solver_config()
+    assert isinstance(config, nd.SolverConfig) and config.miters >= 2
+    rows = 8
+    inputs = {}
+    for name, shape in zip(model.input_names, model.input_base_shapes):
+        if name in model.output_names or name.endswith("~1"):  # guesses, old states: 0
+            inputs[name] = torch.zeros(rows, *shape)
+        elif len(shape) == 1 and shape[0] == 6:  # the strain: a step past yield in most rows
+            inputs[name] = 1e-3 * torch.linspace(0.05, 1.0, rows)[:, None] * \
+                torch.tensor([1.0, -0.5, -0.5, 0.1, 0.0, 0.0])
+        elif name == "t":
+            inputs[name] = torch.full((rows,), 0.1)
+        else:
+            inputs[name] = torch.zeros(rows, *shape)
+    out = model.forward(inputs)
+    expected = eager_outputs(ref, inputs)
+    check_maps(out, {n: expected[n] for n in out}, "implicit forward vs eager", rtol=1e-8)
+    _, J = model.jacobian(inputs)
+    _, eager_J = ref.jacobian(inputs)
+    for o, blocks in J.items():
+        for i, block in blocks.items():
+            check_close(block, eager_J[o][i], f"implicit J[{o}][{i}] vs eager", rtol=1e-7)
+
+    config.miters = 0
+    with pytest.raises(nd.FatalError, match="miters is 0; it must be >= 1"):
+        model.set_solver_config(config)
+    config.miters = 40
+    config.atol = 1e-12
+    model.set_solver_config(config)
+    assert model.solver_config().miters == 40 and model.solver_config().atol == 1e-12
+
+
+def test_observer_sees_the_policys_chunks(elasticity):
+    for policy, rows in [(nd.SyncChunking(batch_size=7), 7),
+                         (nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[5]), 5)]:
+        model = nd.load_model(elasticity, "elasticity", policy)
+        events = []
+        model.set_observer(events.append)
+        model.forward({"strain": torch.rand(33, 6)})
+        expected = [(first, min(rows, 33 - first)) for first in range(0, 33, rows)]
+        assert sorted((e.first, e.rows) for e in events) == expected, policy
+        assert sorted(e.index for e in events) == list(range(len(expected)))
+        assert all(e.device == "cpu" and e.device_index == 0 and e.seconds >= 0 for e in events)
+        model.set_observer(None)
+        events.clear()
+        model.forward({"strain": torch.rand(33, 6)})
+        assert events == []
+
+
+def test_policies_load_model_forms_and_metadata(elasticity):
+    p = nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[8], capacities=[16])
+    assert p.devices == ["cpu"] and p.batch_sizes == [8] and p.capacities == [16]
+    model = nd.load_model(elasticity, p)  # the name left out: the stub holds one model
+    assert model.devices == ["cpu"] and model.device == "cpu"
+    assert isinstance(model.policy, nd.GreedyPriorityCapacity)
+    assert model.policy.capacities == [16]
+    p.capacities = [32]  # the model keeps its own copy
+    assert model.policy.capacities == [16]
+    assert nd.load_model(elasticity).policy.batch_size == 0
+    assert "SyncChunking(device='cpu', batch_size=3)" == repr(nd.SyncChunking(batch_size=3))
+
+    info = nd.artifact_info(elasticity)
+    assert [v["name"] for v in info["inputs"]] == ["strain"]
+    assert "strain" in nd.artifact_info(elasticity, text=True)
+
+
+def test_dtype_reaches_the_library():
+    """dtype=torch.float32 selects the float32 folder; neml2-compile 3.1 writes float64
+    graphs there, which the library refuses, saying so (docs/errors.md)."""
+    root = artifact_root("elasticity_float32", "elasticity")  # compiled without a stub
+    with pytest.raises(nd.FatalError, match=r"cpu/float32/elasticity.pt2' takes float64 inputs, "
+                                            r"but it sits in a float32 folder"):
+        nd.load_model(root, dtype=torch.float32)
+    with pytest.raises(nd.FatalError, match=r"has no graphs for device cpu and dtype float64"):
+        nd.load_model(root)  # float64, the default: no such folder
+    assert nd.load_model(stub("elasticity", "elasticity")).dtype == torch.float64
+
+
+def test_convergence_is_per_row_as_in_eager_neml2():
+    """Rows solve independently: a row's result is eager NEML2's solve of that row alone,
+    whatever its neighbours."""
+    model = nd.load_model(stub("scalar_backward_euler", "model"), "model",
+                          nd.SyncChunking(batch_size=2))
+    ref = eager("scalar_backward_euler.i", "model")
+    a = [1.0, 3.0, 0.2, 7.0, -1.0]
+    inputs = scalar_inputs(a)
+    x = model.forward(inputs)["x"]
+    for r in range(len(a)):
+        row = {n: v[r:r + 1] for n, v in inputs.items()}
+        check_close(x[r:r + 1], raw(ref.call_by_name(row)["x"]), f"row {r}", rtol=1e-10)

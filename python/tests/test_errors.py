@@ -1,0 +1,163 @@
+"""Errors: the library's exceptions as one Python family (neml2_dispatch.Error, a
+RuntimeError) with the library's messages; ConvergenceError's mask and the converged rows'
+results against eager NEML2; bad input never crashes and leaves the model usable."""
+
+import math
+
+import pytest
+import torch
+
+import neml2_dispatch as nd
+from conftest import check_close, eager, raw, scalar_inputs, stub
+
+
+def test_the_family():
+    for leaf in (nd.FatalError, nd.ConvergenceError, nd.AggregateError):
+        assert issubclass(leaf, nd.Error)
+    assert issubclass(nd.Error, RuntimeError)
+    assert nd.Error.__module__ == "neml2_dispatch"
+
+
+@pytest.mark.parametrize("policy", [nd.SyncChunking(batch_size=2),
+                                    nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[3])])
+def test_convergence_error_mask_and_converged_rows_match_eager(policy):
+    model = nd.load_model(stub("scalar_backward_euler", "model"), "model", policy)
+    ref = eager("scalar_backward_euler.i", "model")
+    from neml2.solvers import ConvergenceError as EagerConvergenceError
+
+    a = [1.0, -50.0, 2.0, -60.0, 0.5, 3.0]
+    inputs = scalar_inputs(a)
+    with pytest.raises(nd.ConvergenceError) as caught:
+        model.forward(inputs)
+    e = caught.value
+    assert isinstance(e, nd.Error) and isinstance(e, RuntimeError)
+    assert e.recoverable and e.per_row
+    assert "2 of 6 rows" in str(e)
+    assert e.failed_rows == 2 and (math.isnan(e.worst_residual) or e.worst_residual > 0)
+    # Eager NEML2, one row at a time: which rows converge, and their values.
+    expected_mask = []
+    for r in range(len(a)):
+        row = {n: v[r:r + 1] for n, v in inputs.items()}
+        try:
+            x = raw(ref.call_by_name(row)["x"])
+            expected_mask.append(True)
+            check_close(e.outputs["x"][r:r + 1], x, f"converged row {r}")
+        except EagerConvergenceError:
+            expected_mask.append(False)
+            assert torch.isnan(e.outputs["x"][r]), f"failed row {r} is not NaN"
+    assert e.converged_mask.dtype == torch.bool
+    assert e.converged_mask.tolist() == expected_mask == [True, False, True, False, True, True]
+    assert len(e.results) == 1 and torch.equal(
+        e.results[0][e.converged_mask], e.outputs["x"][e.converged_mask])
+    # The model stays usable: the converged rows alone run.
+    good = {n: v[e.converged_mask] for n, v in inputs.items()}
+    check_close(model.forward(good)["x"], e.outputs["x"][e.converged_mask], "retry")
+
+
+def test_a_row_that_fails_spoils_a_sum_over_rows():
+    model = nd.load_model(stub("scalar_backward_euler_params", "model"), "model")
+    with pytest.raises(nd.ConvergenceError,
+                       match=r"param_vjp\(\): Newton did not converge for 1 of 3 rows") as caught:
+        model.param_vjp(scalar_inputs([1.0, -50.0, 2.0]), {"x": torch.ones(3)})
+    assert caught.value.recoverable and not caught.value.per_row
+    assert caught.value.converged_mask is None
+
+
+def fatal(call, match):
+    with pytest.raises(nd.FatalError, match=match) as caught:
+        call()
+    assert not caught.value.recoverable
+    return caught.value
+
+
+def test_bad_inputs_are_the_librarys_errors_and_the_model_stays_usable(elasticity):
+    model = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=4))
+    good = {"strain": torch.rand(9, 6)}
+    expected = model.forward(good)["stress"]
+    fatal(lambda: model.forward({"strian": torch.rand(9, 6)}),
+          r"unknown input 'strian'; this model takes: strain")
+    fatal(lambda: model.forward({}), r"missing input 'strain'")
+    fatal(lambda: model.forward({"strain": torch.rand(9, 5)}), r"input 'strain' has shape \[9, 5\]")
+    fatal(lambda: model.forward({"strain": torch.rand(9, 6, dtype=torch.float32)}),
+          r"input 'strain' has dtype Float.*convert it")
+    fatal(lambda: model.forward({"strain": torch.rand(9, 6, device="meta")}), r"on meta")
+    fatal(lambda: model.forward({"strain": [[0.0] * 6]}),
+          r"inputs\['strain'\] is a list; it must be a torch.Tensor")
+    fatal(lambda: model.forward([torch.rand(9, 6)]), r"inputs is a list; it must be a dict")
+    fatal(lambda: model.forward({1: torch.rand(9, 6)}), r"key of type int")
+    fatal(lambda: model.forward_into(good, {"stress": torch.empty(9, 5)}),
+          r"output 'stress' has shape \[9, 5\], but this call's result has shape \[9, 6\]")
+    stress = torch.empty(9, 6)
+    fatal(lambda: model.jvp_into(good, {}, {"stress": stress}, {"stress": stress}),
+          r"share memory")
+    fatal(lambda: model.forward_into(good, {"stress": torch.empty(1, 6).expand(9, 6)}),
+          r"elements that share memory")
+    fatal(lambda: model.prepare(["strain", "strain"]),
+          r"prepare\(\): 2 names given, but the model takes 1 inputs")
+    fatal(lambda: model.prepare(["stress"]), r"'stress' is not an input of this model")
+    fatal(lambda: model.prepare().forward([]), r"0 input tensors given")
+    fatal(lambda: model.solver_config(), r"has no implicit segment")
+    fatal(lambda: model.set_parameter("E", torch.tensor(1.0)), r"'E' is not a promoted parameter")
+    assert torch.equal(model.forward(good)["stress"], expected)
+
+
+def test_bad_loads_are_the_librarys_errors(elasticity, tmp_path):
+    fatal(lambda: nd.load_model(tmp_path / "nope_aoti.i"), r"does not exist")
+    fatal(lambda: nd.load_model(elasticity, "elastic"), r"no model 'elastic' under \[Models\]")
+    fatal(lambda: nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=-2)),
+          r"SyncChunking.batch_size is -2; it must be >= 0")
+    fatal(lambda: nd.load_model(elasticity, "elasticity", nd.SyncChunking(device="gpu")),
+          r"unknown device family 'gpu'")
+    fatal(lambda: nd.GreedyPriorityCapacity(devices=["cuda:x"], batch_sizes=[1]),
+          r"bad device index in 'cuda:x'")
+    fatal(lambda: nd.load_model(elasticity, "elasticity",
+                                nd.GreedyPriorityCapacity(devices=["cpu", "cpu:0"], batch_sizes=[4])),
+          r"lists the CPU 2 times")
+    fatal(lambda: nd.load_model(elasticity, "elasticity",
+                                nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[8],
+                                                          capacities=[4])),
+          r"capacities is 4 for cpu \(device 0\), below its batch size 8")
+    fatal(lambda: nd.load_model(elasticity, "elasticity", "not a policy"),
+          r"policy is a str; give a neml2_dispatch.SyncChunking")
+    fatal(lambda: nd.load_model(elasticity, "elasticity", dtype=torch.float16),
+          r"dtype Half has no compiled artifacts")
+    fatal(lambda: nd.load_model(stub("elasticity_forward", "elasticity")).jacobian(
+        {"strain": torch.rand(2, 6)}), r"compiled without the graphs it needs")
+
+
+def test_an_observer_that_raises_fails_the_call_with_its_message(elasticity):
+    model = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=4))
+
+    def observer(event):
+        raise ValueError(f"no chunk {event.index} please")
+
+    model.set_observer(observer)
+    e = fatal(lambda: model.forward({"strain": torch.rand(9, 6)}), r"observer")
+    assert "no chunk 0 please" in str(e) + e.details
+    model.set_observer(None)
+    assert model.forward({"strain": torch.rand(9, 6)})["stress"].shape == (9, 6)
+
+
+def test_an_observer_that_reconfigures_its_model_is_refused_not_a_hang(elasticity):
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity",
+                          nd.SyncChunking(batch_size=4))
+    model.set_observer(lambda event: model.set_parameter("elasticity.E", torch.tensor(1.0)))
+    e = fatal(lambda: model.forward({"strain": torch.rand(9, 6)}), r"observer")
+    assert "changed a model's configuration" in str(e) + e.details
+    model.set_observer(None)
+    model.forward({"strain": torch.rand(9, 6)})
+
+
+# The library defines the torch operator neml2::opaque_pow when it loads a graph and finds
+# none; the neml2 package defines it unconditionally when imported. The module imports
+# neml2 first, so that importing it after loading a model still works.
+def test_import_neml2_after_loading_a_model(elasticity):
+    import subprocess
+    import sys
+
+    script = ("import neml2_dispatch as nd, torch\n"
+              f"nd.load_model({str(elasticity)!r}).forward({{'strain': torch.rand(2, 6, dtype=torch.float64)}})\n"
+              "import neml2\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -1,0 +1,142 @@
+"""Policies written in Python: an object with the concept's methods, run through the
+library's run-time policy model, the GIL taken per decision. Obeyed chunk by chunk (the
+observer), the eager results, and every bad answer a FatalError that says what it did."""
+
+import pytest
+import torch
+
+import neml2_dispatch as nd
+from conftest import check_close, random_inputs, raw
+
+
+class EveryN:
+    """Synchronous: chunks of n rows on the CPU."""
+    dispatch_mode = "synchronous"
+    devices = ["cpu"]
+
+    def __init__(self, n):
+        self.n, self.asked = n, []
+
+    def compute_device(self):
+        return "cpu"
+
+    def chunk_rows(self, batch):
+        self.asked.append(batch)
+        return self.n
+
+
+class Shrinking:
+    """Asynchronous: halves its chunk each time, down to `smallest`, one chunk in flight;
+    keeps what it was told (its own state: the hooks are called one at a time)."""
+    dispatch_mode = "asynchronous"
+
+    def __init__(self, first=16, smallest=2):
+        self.next, self.smallest = first, smallest
+        self.dispatched, self.completed = [], []
+
+    def devices(self):
+        return ["cpu"]
+
+    def next_chunk(self, rows_in_flight, remaining):
+        if rows_in_flight[0] > 0:
+            return None
+        rows = min(remaining, self.next)
+        self.next = max(self.smallest, self.next // 2)
+        return (0, rows)
+
+    def on_dispatched(self, device, rows):
+        self.dispatched.append((device, rows))
+
+    def on_completed(self, device, rows, seconds):
+        assert seconds >= 0
+        self.completed.append((device, rows))
+
+
+def chunks(model, inputs):
+    events = []
+    model.set_observer(events.append)
+    out = model.forward(inputs)
+    model.set_observer(None)
+    return out, sorted((e.first, e.rows) for e in events)
+
+
+def test_a_synchronous_python_policy_is_obeyed(elasticity, eager_elasticity):
+    policy = EveryN(7)
+    model = nd.load_model(elasticity, "elasticity", policy)
+    assert model.policy is policy and model.devices == ["cpu"]
+    inputs = random_inputs(model, 33, seed=11)
+    out, seen = chunks(model, inputs)
+    assert seen == [(0, 7), (7, 7), (14, 7), (21, 7), (28, 5)]
+    assert policy.asked == [33]  # once per call
+    check_close(out["stress"], raw(eager_elasticity.call_by_name(inputs)["stress"]), "sync policy")
+    _, J = model.jacobian(inputs)
+    _, eager_J = eager_elasticity.jacobian(inputs)
+    check_close(J["stress"]["strain"], eager_J["stress"]["strain"], "J", broadcast=True)
+
+
+def test_an_asynchronous_python_policy_is_obeyed_and_keeps_its_state(elasticity, eager_elasticity):
+    policy = Shrinking(first=16, smallest=2)
+    model = nd.load_model(elasticity, policy)
+    inputs = random_inputs(model, 33, seed=12)
+    out, seen = chunks(model, inputs)
+    # 16, 8, 4, 2, 2, 1 (the rest)
+    assert seen == [(0, 16), (16, 8), (24, 4), (28, 2), (30, 2), (32, 1)]
+    assert policy.dispatched == [(0, r) for _, r in seen]
+    assert sorted(policy.completed) == sorted(policy.dispatched)
+    check_close(out["stress"], raw(eager_elasticity.call_by_name(inputs)["stress"]), "async policy")
+
+
+class Answers(EveryN):
+    def __init__(self, answer):
+        super().__init__(0)
+        self.answer = answer
+
+    def chunk_rows(self, batch):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+class Chooses(Shrinking):
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    def next_chunk(self, rows_in_flight, remaining):
+        return self.answer
+
+
+@pytest.mark.parametrize("policy, message", [
+    (Answers("many"), r"chunk_rows\(\) returned a str; it must return an int"),
+    (Answers(-1), r"chunk_rows\(3\) returned -1; chunk_rows\(\) must return >= 0"),
+    (Answers(ValueError("no idea")), r"chunk_rows\(\) raised ValueError: no idea"),
+    (Chooses((5, 1)), r"next_chunk\(\) chose device index 5"),
+    (Chooses((0, 0)), r"next_chunk\(\) chose 0 rows for cpu with 3 rows remaining"),
+    (Chooses(None), r"next_chunk\(\) gave no chunk while every device was idle"),
+    (Chooses([0, 1]), r"must return \(device index, rows\) or None"),
+])
+def test_a_python_policys_bad_answers_are_fatal_errors_never_a_hang(elasticity, policy, message):
+    model = nd.load_model(elasticity, policy)
+    with pytest.raises(nd.FatalError) as caught:
+        model.forward({"strain": torch.rand(3, 6)})
+    import re
+
+    assert re.search(message, str(caught.value) + "\n" + caught.value.details), str(caught.value)
+
+
+def test_a_python_policy_missing_a_method_is_refused_at_load(elasticity):
+    class NoChunkRows:
+        dispatch_mode = "synchronous"
+        devices = ["cpu"]
+
+        def compute_device(self):
+            return "cpu"
+
+    with pytest.raises(nd.FatalError, match=r"must provide chunk_rows\(\)"):
+        nd.load_model(elasticity, NoChunkRows())
+
+    class BadMode(EveryN):
+        dispatch_mode = "sometimes"
+
+    with pytest.raises(nd.FatalError, match=r"dispatch_mode is 'sometimes'"):
+        nd.load_model(elasticity, BadMode(3))
