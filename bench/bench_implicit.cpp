@@ -1,11 +1,18 @@
-// J2 radial return (an implicit model) against NEML2's own C++ runtime (neml2::aoti, from
-// the neml2 wheel), same artifact, same process: all rows plastic, and 10 % plastic (the
-// rest elastic, converged before any Newton update).
+// Implicit models against NEML2's own C++ runtime (neml2::aoti, from the neml2 wheel), same
+// artifact, same process: J2 radial return (one unknown, a predictor) and Chaboche
+// viscoplasticity (19 unknowns in one dense solve), every row plastic and 10 % plastic (the
+// rest elastic).
 //
-// Cases are NAME/BATCH/PLASTIC_PERCENT. `dispatched` uses the artifact's solver settings
-// (the working set compacted once at most half of it iterates); `compact_never` evaluates every row
-// to the end (masked, as a whole-batch solver does) and `compact_always` compacts whenever a row
-// converges: the two bounds that set the default threshold (docs/performance.md).
+// `<runtime>_<model>_<call>/BATCH/PLASTIC_PERCENT`: runtime `peer` (NEML2's runtime,
+// SimpleScheduler on the CPU), `rows` (ours: the CPU's row pass, the default) or `tensor`
+// (ours with row_pass = false: the tensor path accelerators take); model `j2` or
+// `chaboche`; call `forward` or `jacobian`. NEML2_DISPATCH_BENCH_THREADS sets the intra-op
+// threads (default 1, single_thread_main.cpp).
+//
+// `dispatched` / `compact_never` / `compact_always`, J2 forward on the tensor path,
+// NAME/BATCH/PLASTIC_PERCENT: the working set compacted once at most half of it iterates
+// (the default), never (converged rows masked) or whenever a row converges: the bounds that
+// set compact_below's default for the tensor path (docs/performance.md).
 //
 // `scalar_plain` / `scalar_substepping`: the scalar backward-Euler model compiled without
 // and with substepping (max_substepping_level = 3), NAME/BATCH/SUBSTEPPED_PERCENT: what
@@ -14,7 +21,7 @@
 //
 // `pool_sync` / `pool_greedy`, NAME/BATCH/CHUNK, all rows plastic: SyncChunking against
 // GreedyPriorityCapacity on the CPU alone at the same chunk size (the pool's CPU lane
-// against the calling thread, on a model whose Newton runs many small torch operations).
+// against the calling thread).
 
 #include <algorithm>
 #include <filesystem>
@@ -24,6 +31,7 @@
 
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>
 #include <neml2/csrc/dispatchers/factory.h>
+#include <neml2/detail/graph_calls.hpp>
 #include <neml2/dispatch.hpp>
 
 namespace {
@@ -46,27 +54,100 @@ std::map<std::string, at::Tensor> inputs(std::int64_t batch, std::int64_t percen
           {"flow_rate~1", at::zeros({batch}, opts)}};
 }
 
-// forward() on the case's inputs, after a few calls that are not measured: the first calls
-// of a graph are slow (lazy initialization in the runtime).
+// Chaboche viscoplasticity, one step from a stress-free state: the first `percent` of the
+// rows strained well past yield (a yield stress of 5 at a modulus of 1e5), the others below.
+const auto chaboche_stub = std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) /
+                           "chaboche_viscoplasticity" / "model_aoti.i";
+
+std::map<std::string, at::Tensor> chaboche_inputs(std::int64_t batch, std::int64_t percent) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto artifact = neml2::read_artifact(neml2::resolve_artifact_root(chaboche_stub, "model"));
+  std::map<std::string, at::Tensor> x;
+  for (const auto& input : artifact.inputs) {
+    auto shape = input.base_shape;
+    shape.insert(shape.begin(), batch);
+    x[input.name] = at::zeros(shape, opts);
+  }
+  const auto direction = at::tensor({1.0, -0.5, -0.5, 0.2, 0.0, 0.0}, opts);
+  const auto plastic = (at::arange(batch, opts) < batch * percent / 100.0).to(at::kDouble);
+  const auto size = (2e-5 + 1e-3 * plastic) * (1 + 0.1 * at::rand({batch}, opts));
+  x.at("E") = size.unsqueeze(1) * direction;
+  x.at("t") = at::ones({batch}, opts);
+  return x;
+}
+
+// A call on the case's inputs, after a few that are not measured: the first calls of a
+// graph are slow (lazy initialization in the runtime).
+template <class Model>
+void measure(benchmark::State& state, Model& model, const std::map<std::string, at::Tensor>& x,
+             bool jacobian) {
+  const auto call = [&] {
+    if (jacobian)
+      benchmark::DoNotOptimize(model.jacobian(x));
+    else
+      benchmark::DoNotOptimize(model.forward(x));
+  };
+  for (int i = 0; i < 5; ++i)
+    call();
+  for (auto _ : state)
+    call();
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
 template <class Model>
 void measure(benchmark::State& state, Model& model, std::int64_t percent) {
-  const auto x = inputs(state.range(0), percent);
-  for (int i = 0; i < 5; ++i)
-    benchmark::DoNotOptimize(model.forward(x));
-  for (auto _ : state)
-    benchmark::DoNotOptimize(model.forward(x));
-  state.SetItemsProcessed(state.iterations() * state.range(0));
+  measure(state, model, inputs(state.range(0), percent), false);
 }
 template <class Model>
 void measure(benchmark::State& state, Model& model) {
   measure(state, model, state.range(1));
 }
 
-void neml2_runtime(benchmark::State& state) {
-  auto model = neml2::aoti::load_model(stub, "model",
-                                       std::make_shared<neml2::aoti::SimpleScheduler>(
-                                           neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
-  measure(state, model);
+enum class Runtime { peer, rows, tensor };
+
+// One family: a runtime on a model's call, BATCH/PLASTIC_PERCENT.
+void versus_peer(benchmark::State& state, Runtime runtime, bool chaboche, bool jacobian) {
+  const auto& path = chaboche ? chaboche_stub : stub;
+  const auto x = chaboche ? chaboche_inputs(state.range(0), state.range(1))
+                          : inputs(state.range(0), state.range(1));
+  if (runtime == Runtime::peer) {
+    auto model = neml2::aoti::load_model(path, "model",
+                                         std::make_shared<neml2::aoti::SimpleScheduler>(
+                                             neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+    measure(state, model, x, jacobian);
+    return;
+  }
+  auto model = neml2::load_model(path, "model", neml2::SyncChunking{.device = "cpu"});
+  auto config = model.solver_config();
+  config.row_pass = runtime == Runtime::rows;
+  model.set_solver_config(config);
+  // Rows x Newton iterations of one call: the rows each call of the jacobian graph takes
+  // (one per iteration of a row; the derivative's own call included for jacobian()).
+  std::int64_t row_iterations = 0;
+  neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t rows) {
+    row_iterations += file.ends_with("_jacobian.pt2") ? rows : 0;
+  });
+  benchmark::DoNotOptimize(jacobian ? model.jacobian(x).first : model.forward(x));
+  neml2::detail::observe_graph_calls({});
+  measure(state, model, x, jacobian);
+  state.counters["row_iterations"] = static_cast<double>(row_iterations);
+}
+
+// The machine's limits for the roofline line, on the intra-op threads: a copy of 512 MiB
+// (bytes read and written per second) and a double matrix product of 2048 (flops per second).
+void machine_copy(benchmark::State& state) {
+  const auto from = at::rand({std::int64_t{1} << 26}, at::kDouble);
+  auto to = at::empty_like(from);
+  for (auto _ : state)
+    to.copy_(from);
+  state.SetBytesProcessed(state.iterations() * 2 * from.numel() * 8);
+}
+void machine_matmul(benchmark::State& state) {
+  const auto a = at::rand({2048, 2048}, at::kDouble), b = at::rand({2048, 2048}, at::kDouble);
+  for (auto _ : state)
+    benchmark::DoNotOptimize(at::mm(a, b));
+  state.counters["flops"] =
+      benchmark::Counter(static_cast<double>(state.iterations()) * 2 * 2048.0 * 2048 * 2048,
+                         benchmark::Counter::kIsRate);
 }
 
 // On a GPU (artifact j2_radial_return_gpu, -DNEML2_DISPATCH_GPU_TESTS=ON): cpu inputs, cuda
@@ -103,11 +184,11 @@ void dispatched_cuda(benchmark::State& state) {
 
 void run_dispatched(benchmark::State& state, double compact_below) {
   auto model = neml2::load_model(stub, "model", neml2::SyncChunking{.device = "cpu"});
-  if (compact_below >= 0) {
-    auto config = model.solver_config();
+  auto config = model.solver_config();
+  config.row_pass = false; // the row pass always compacts
+  if (compact_below >= 0)
     config.compact_below = compact_below;
-    model.set_solver_config(config);
-  }
+  model.set_solver_config(config);
   measure(state, model);
 }
 
@@ -182,8 +263,8 @@ void thresholds(benchmark::internal::Benchmark* b) {
 } // namespace
 
 void pool_sync(benchmark::State& state) {
-  auto model = neml2::load_model(stub, "model",
-                                 neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)});
+  auto model = neml2::load_model(
+      stub, "model", neml2::SyncChunking{.device = "cpu", .batch_size = state.range(1)});
   measure(state, model, 100);
 }
 void pool_greedy(benchmark::State& state) {
@@ -197,15 +278,28 @@ void pool_chunks(benchmark::internal::Benchmark* b) {
     b->Args({1 << 17, chunk});
 }
 
-BENCHMARK(neml2_runtime)->Apply(versus)->UseRealTime();
-BENCHMARK(dispatched)->Apply(versus)->UseRealTime();
 BENCHMARK(dispatched)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_never)->Apply(thresholds)->UseRealTime();
 BENCHMARK(compact_always)->Apply(thresholds)->UseRealTime();
 BENCHMARK(scalar_plain)->Apply(substep_cases)->UseRealTime();
 BENCHMARK(scalar_substepping)->Apply(substep_cases)->UseRealTime();
+BENCHMARK(machine_copy)->UseRealTime();
+BENCHMARK(machine_matmul)->UseRealTime();
 BENCHMARK(pool_sync)->Apply(pool_chunks)->UseRealTime();
 BENCHMARK(pool_greedy)->Apply(pool_chunks)->UseRealTime();
+const bool versus_peer_benchmarks = [] {
+  for (const auto& [runtime, runtime_name] :
+       {std::pair{Runtime::peer, "peer"}, {Runtime::rows, "rows"}, {Runtime::tensor, "tensor"}})
+    for (const bool chaboche : {false, true})
+      for (const bool jacobian : {false, true}) {
+        const auto name = std::string(runtime_name) + (chaboche ? "_chaboche" : "_j2") +
+                          (jacobian ? "_jacobian" : "_forward");
+        benchmark::RegisterBenchmark(name.c_str(), versus_peer, runtime, chaboche, jacobian)
+            ->Apply(versus)
+            ->UseRealTime();
+      }
+  return true;
+}();
 // J2 on cuda:0 against NEML2's runtime where a GPU and the artifact's cuda graphs exist
 // (scripts/gpu-check.sh compiles them); registered at start-up, as BENCHMARK does.
 const bool gpu_benchmarks = [] {

@@ -701,39 +701,49 @@ TEST_CASE("line search: every trial point where NEML2's own Newton loop puts it"
     config.ls_cutback = settings[3].item<double>();
     config.ls_c = settings[4].item<double>();
     config.ls_type = settings[5].item<double>() != 0 ? "STRONG_WOLFE" : "BACKTRACKING";
-    for (std::int64_t k = 0; k < starts.size(0); ++k) {
-      CAPTURE(k);
-      std::vector<double> trials;
-      neml2::detail::NewtonGraphs graphs;
-      graphs.residual = [&](const std::vector<at::Tensor>& args) {
-        trials.push_back(args[0].item<double>());
-        return std::vector<at::Tensor>{-at::atan(args[0])};
-      };
-      // "A" = 1 + u^2 = (dr/du)^-1 and du = b A: NEML2's step, operation for operation.
-      graphs.jacobian = [](const std::vector<at::Tensor>& args) {
-        const auto& u = args[0];
-        return std::vector<at::Tensor>{(1 + u * u).reshape({-1, 1, 1}), -at::atan(u)};
-      };
-      graphs.solve = [](const std::vector<at::Tensor>& ops) {
-        return std::vector<at::Tensor>{ops[1] * ops[0].reshape({-1, 1})};
-      };
-      graphs.a_blocks = 1;
-      const auto result = neml2::detail::newton_solve(
-          graphs, {at::full({1, 1}, starts[k].item<double>(), at::kDouble)}, {}, {}, config);
-      const auto expected = ref["newton/" + c + "/" + std::to_string(k) + "/trials"];
-      REQUIRE(static_cast<std::int64_t>(trials.size()) == expected.numel());
-      for (std::size_t i = 0; i < trials.size(); ++i) {
-        const auto e = expected[static_cast<std::int64_t>(i)].item<double>();
-        // Equal, or both past overflow (a diverging row reaches inf, then NaN).
-        const bool same = trials[i] == e || (std::isnan(trials[i]) && std::isnan(e)) ||
-                          std::abs(trials[i] - e) <= 1e-12 * std::max(1.0, std::abs(e));
-        CHECK_MESSAGE(same, "trial " << i << ": " << trials[i] << " vs NEML2's " << e);
+    for (std::int64_t k = 0; k < starts.size(0); ++k)
+      for (const bool row_pass : {false, true}) {
+        CAPTURE(k);
+        CAPTURE(row_pass);
+        config.row_pass = row_pass;
+        std::vector<double> trials;
+        neml2::detail::NewtonGraphs graphs;
+        graphs.residual = [&](const std::vector<at::Tensor>& args) {
+          trials.push_back(args[0].item<double>());
+          return std::vector<at::Tensor>{-at::atan(args[0])};
+        };
+        // Tensor path: "A" = 1 + u^2 = (dr/du)^-1 and du = b A, NEML2's step operation for
+        // operation. The row pass solves A du = b itself, so it gets A = dr/du.
+        graphs.jacobian = [row_pass](const std::vector<at::Tensor>& args) {
+          const auto& u = args[0];
+          const auto a = row_pass ? 1 / (1 + u * u) : 1 + u * u;
+          return std::vector<at::Tensor>{a.reshape({-1, 1, 1}), -at::atan(u)};
+        };
+        graphs.solve = [](const std::vector<at::Tensor>& ops) {
+          return std::vector<at::Tensor>{ops[1] * ops[0].reshape({-1, 1})};
+        };
+        graphs.a_blocks = 1;
+        const auto result = neml2::detail::newton_solve(
+            graphs, {at::full({1, 1}, starts[k].item<double>(), at::kDouble)}, {}, {}, config);
+        const auto expected = ref["newton/" + c + "/" + std::to_string(k) + "/trials"];
+        const auto end = ref["newton/" + c + "/" + std::to_string(k) + "/u"].item<double>();
+        // A row that diverges to inf has A = 0 there: the row pass fails it at that pivot,
+        // where NEML2 goes on with inf and NaN, so its trials are a prefix of NEML2's.
+        if (row_pass && std::isnan(end))
+          REQUIRE(static_cast<std::int64_t>(trials.size()) <= expected.numel());
+        else
+          REQUIRE(static_cast<std::int64_t>(trials.size()) == expected.numel());
+        for (std::size_t i = 0; i < trials.size(); ++i) {
+          const auto e = expected[static_cast<std::int64_t>(i)].item<double>();
+          // Equal, or both past overflow (a diverging row reaches inf, then NaN).
+          const bool same = trials[i] == e || (std::isnan(trials[i]) && std::isnan(e)) ||
+                            std::abs(trials[i] - e) <= 1e-12 * std::max(1.0, std::abs(e));
+          CHECK_MESSAGE(same, "trial " << i << ": " << trials[i] << " vs NEML2's " << e);
+        }
+        CHECK(result.converged.item<bool>() == !std::isnan(end));
+        if (!std::isnan(end))
+          CHECK(std::abs(result.u[0].item<double>() - end) <= 1e-12);
       }
-      const auto end = ref["newton/" + c + "/" + std::to_string(k) + "/u"].item<double>();
-      CHECK(result.converged.item<bool>() == !std::isnan(end));
-      if (!std::isnan(end))
-        CHECK(std::abs(result.u[0].item<double>() - end) <= 1e-12);
-    }
   }
 }
 
@@ -823,6 +833,7 @@ TEST_CASE("converged rows are not evaluated again: the graphs see only the rows 
   auto m = load_model(test::stub("scalar_backward_euler", "model"), "model");
   const auto calls = [&](double compact_below) {
     auto config = m.solver_config();
+    config.row_pass = false; // the tensor path (tests/test_row_pass.cpp: the CPU's row pass)
     config.compact_below = compact_below;
     m.set_solver_config(config);
     std::map<std::string, std::vector<std::int64_t>> rows; // per graph file, in call order

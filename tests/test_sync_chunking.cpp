@@ -145,7 +145,8 @@ TEST_CASE("a whole batch on the CPU runs in cache-sized pieces, with the same nu
   const std::int64_t batch = 40000; // pieces of 16384 rows: 96 bytes a row, 2 MiB a piece
   const TensorMap in = {{"strain", 1e-3 * at::rand({batch, 6}, at::kDouble)}};
   std::vector<std::int64_t> rows;
-  neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t n) { rows.push_back(n); });
+  neml2::detail::observe_graph_calls(
+      [&](const std::string&, std::int64_t n) { rows.push_back(n); });
   const auto out = whole.forward(in).at("stress");
   auto into = at::full({batch, 6}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
   whole.forward_into(in, {{"stress", into}});
@@ -159,7 +160,8 @@ TEST_CASE("a whole batch on the CPU runs in cache-sized pieces, with the same nu
   CHECK(at::equal(into, expected));
   // One piece: the graph's own result, handed over.
   rows.clear();
-  neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t n) { rows.push_back(n); });
+  neml2::detail::observe_graph_calls(
+      [&](const std::string&, std::int64_t n) { rows.push_back(n); });
   (void)whole.forward({{"strain", in.at("strain").narrow(0, 0, 16384)}});
   neml2::detail::observe_graph_calls({});
   CHECK(rows == std::vector<std::int64_t>{16384});
@@ -186,8 +188,9 @@ TEST_CASE("forward() straight through the graph only when the call needs nothing
   SUBCASE("the policy's chunks are kept") {
     const auto chunked = load("elasticity", "elasticity", SyncChunking{.batch_size = 4});
     TensorMap out;
-    CHECK(graph_calls([&] { out = chunked.forward({{"strain", strain}}); }) ==
-          std::vector<std::int64_t>{4, 4, 2});
+    CHECK(graph_calls([&] {
+            out = chunked.forward({{"strain", strain}});
+          }) == std::vector<std::int64_t>{4, 4, 2});
     CHECK(at::equal(out.at("stress"), expected));
     std::vector<at::Tensor> prepared;
     CHECK(graph_calls([&] { prepared = chunked.prepare().forward({{strain}}); }) ==
@@ -197,8 +200,9 @@ TEST_CASE("forward() straight through the graph only when the call needs nothing
   SUBCASE("a whole batch: one call, the same numbers") {
     const auto whole = load("elasticity", "elasticity");
     TensorMap out;
-    CHECK(graph_calls([&] { out = whole.forward({{"strain", strain}}); }) ==
-          std::vector<std::int64_t>{10});
+    CHECK(graph_calls([&] {
+            out = whole.forward({{"strain", strain}});
+          }) == std::vector<std::int64_t>{10});
     CHECK(at::equal(out.at("stress"), expected));
     CHECK(at::equal(whole.prepare().forward({{strain}}).at(0), expected));
     CHECK(at::equal(whole.forward({{"strain", strain.narrow(0, 0, 1)}}).at("stress"),
@@ -222,20 +226,24 @@ TEST_CASE("forward() straight through the graph only when the call needs nothing
   SUBCASE("named_parameters() is still checked") {
     auto whole = load("elasticity", "elasticity");
     whole.named_parameters()["elasticity.G"] = at::ones({}, at::kDouble);
-    CHECK(contains(test::fatal_message([&] { return whole.forward({{"strain", strain}}); }),
+    CHECK(contains(test::fatal_message([&] {
+                     return whole.forward({{"strain", strain}});
+                   }),
                    "named_parameters() has 'elasticity.G', which is not a promoted parameter"));
     CHECK(contains(test::fatal_message([&] { return whole.prepare().forward({{strain}}); }),
                    "named_parameters() has 'elasticity.G'"));
   }
   SUBCASE("names are still checked") {
     const auto whole = load("elasticity", "elasticity");
-    CHECK(contains(test::fatal_message([&] { return whole.forward({{"strian", strain}}); }),
+    CHECK(contains(test::fatal_message([&] {
+                     return whole.forward({{"strian", strain}});
+                   }),
                    "unknown input 'strian'"));
     CHECK(contains(test::fatal_message([&] {
                      return whole.forward({{"strain", strain}, {"extra", strain}});
                    }),
                    "unknown input 'extra'"));
-    CHECK(contains(test::fatal_message([&] { return whole.forward({}); }),
-                   "missing input 'strain'"));
+    CHECK(
+        contains(test::fatal_message([&] { return whole.forward({}); }), "missing input 'strain'"));
   }
 }

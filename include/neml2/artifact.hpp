@@ -191,6 +191,12 @@ struct SolverConfig {
   /// once they are at most this fraction of it (0 never compacts: converged rows are
   /// still evaluated, masked; 1 compacts whenever a row converged). See docs/performance.md.
   double compact_below = 0.5;
+  /// Ours: on the CPU (in double, direct steps), everything between two graph calls
+  /// is one pass over the rows in plain C++ (each row's LU with partial pivoting in place
+  /// of the solve graphs, its update, norms and flags; the rows still iterating always
+  /// compacted, so `compact_below` does not apply). False runs those steps as tensor
+  /// operations, as on accelerators. The two agree to 1e-12 (tests/test_row_pass.cpp).
+  bool row_pass = true;
 };
 
 /// @brief An artifact root as described by its metadata.json.

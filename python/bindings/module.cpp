@@ -324,6 +324,9 @@ void bind_solver_config(py::module_& m) {
       .def_readwrite("solver_kind", &SolverConfig::solver_kind, "direct or krylov")
       .def_readwrite("krylov", &SolverConfig::krylov)
       .def_readwrite("compact_below", &SolverConfig::compact_below)
+      .def_readwrite("row_pass", &SolverConfig::row_pass,
+                     "on the CPU, Newton's steps as one pass over the rows (True) or as "
+                     "tensor operations (False)")
       .def("__repr__", [](const SolverConfig& c) {
         return std::string(py::str("SolverConfig(atol={}, rtol={}, miters={}, ls_type='{}', "
                                    "ls_max_iters={}, ls_cutback={}, ls_c={}, solver_kind='{}')")

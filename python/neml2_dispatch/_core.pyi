@@ -91,6 +91,7 @@ class SolverConfig:
     solver_kind: str
     krylov: KrylovConfig
     compact_below: float
+    row_pass: bool
     def __init__(self) -> None: ...
 
 class ChunkEvent:

@@ -8,20 +8,10 @@
 #include <ATen/ATen.h>
 
 #include "implicit/host_reads.hpp"
+#include "implicit/newton_rows.hpp"
 
 namespace neml2::detail {
 namespace {
-
-std::vector<at::Tensor> graph_args(const std::vector<at::Tensor>& u,
-                                   const std::vector<at::Tensor>& givens,
-                                   const std::vector<at::Tensor>& params) {
-  std::vector<at::Tensor> args;
-  args.reserve(u.size() + givens.size() + params.size());
-  args.insert(args.end(), u.begin(), u.end());
-  args.insert(args.end(), givens.begin(), givens.end());
-  args.insert(args.end(), params.begin(), params.end());
-  return args;
-}
 
 // ||r|| of each row over every residual group (tensors [first, end) of `b`).
 at::Tensor row_norm(const std::vector<at::Tensor>& b, std::size_t first) {
@@ -166,9 +156,6 @@ at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
   return alpha;
 }
 
-// Up to this many rows, Newton starts from the jacobian graph (see newton_solve).
-constexpr std::int64_t small_batch = 64;
-
 bool worth_compacting(const WorkingSet& w, double compact_below) {
   return w.n_active > 0 && w.n_active < w.rows() &&
          static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
@@ -217,21 +204,32 @@ std::vector<at::Tensor> krylov_step(const NewtonGraphs& graphs, WorkingSet& w,
 
 } // namespace
 
+std::vector<at::Tensor> graph_args(const std::vector<at::Tensor>& u,
+                                   const std::vector<at::Tensor>& givens,
+                                   const std::vector<at::Tensor>& params) {
+  std::vector<at::Tensor> args;
+  args.reserve(u.size() + givens.size() + params.size());
+  args.insert(args.end(), u.begin(), u.end());
+  args.insert(args.end(), givens.begin(), givens.end());
+  args.insert(args.end(), params.begin(), params.end());
+  return args;
+}
+
 NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                           const std::vector<at::Tensor>& givens,
                           const std::vector<at::Tensor>& params, const SolverConfig& config,
                           bool gate_relative) {
+  if (runs_on_rows(graphs, u0.front(), config))
+    return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative);
   WorkingSet w;
   w.u = std::move(u0);
   w.givens = givens;
-  // The first residual: from the residual graph on large batches (converged rows never
-  // need A, and the rest may be compacted first); on small ones from the jacobian graph,
-  // one call instead of two when a row iterates.
+  // The first residual: from the jacobian graph on small batches (first_from_jacobian).
   const auto rows = w.u.front().size(0);
   const bool krylov = static_cast<bool>(graphs.matvec);
   // What a step starts from: A and b (direct), or b alone (Krylov: A only through matvec).
   const auto& operands = krylov ? graphs.residual : graphs.jacobian;
-  if (rows <= small_batch || krylov) {
+  if (rows <= first_from_jacobian || krylov) {
     w.jacobian = operands(graph_args(w.u, w.givens, params));
     w.norm = row_norm(w.jacobian, graphs.a_blocks);
   } else

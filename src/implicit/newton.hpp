@@ -32,6 +32,17 @@ struct NewtonGraphs {
   GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`
 };
 
+/// Up to this many rows, Newton starts from the jacobian graph (one call instead of two
+/// when a row iterates); above, from the residual graph (rows that converge at once never
+/// need A, and the rest may be compacted first).
+inline constexpr std::int64_t first_from_jacobian = 64;
+
+/// What the residual, jacobian and matvec graphs take: the unknown groups, the given
+/// groups, then the parameters.
+[[nodiscard]] std::vector<at::Tensor> graph_args(const std::vector<at::Tensor>& u,
+                                                 const std::vector<at::Tensor>& givens,
+                                                 const std::vector<at::Tensor>& params);
+
 /// Where each row ended.
 struct NewtonResult {
   std::vector<at::Tensor> u; ///< the unknown groups, `(B, n)`, converged rows solved
@@ -57,6 +68,9 @@ struct NewtonResult {
 ///
 /// With `gate_relative` (NEML2's rule while substepping is on), the relative criterion
 /// also needs the last update to be small: ||du|| < substep_del_tol (||u|| + atol).
+///
+/// On the CPU (double, a direct step, `config.row_pass`), everything between two
+/// graph calls is one pass over the rows (newton_rows.hpp): the solve graph is not called.
 [[nodiscard]] NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                                         const std::vector<at::Tensor>& givens,
                                         const std::vector<at::Tensor>& params,

@@ -11,11 +11,13 @@
 #include <map>
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <neml2/errors.hpp>
 
 #include "graph/graph.hpp"
+#include "implicit/newton_rows.hpp"
 
 namespace neml2::detail {
 namespace {
@@ -97,9 +99,24 @@ SubstepPlan substep_plan(const ImplicitSegment& seg, const std::filesystem::path
   return plan;
 }
 
-// What a solve_ift graph returns, for an iterative input sensitivity (no such graph): the
-// blocks du/dg = -A^{-1} B at each pair's offsets, from A and B assembled. NEML2 runs GMRES
-// to its rel_tol on them; A is assembled anyway, so we solve it exactly (on purpose).
+// What a solve_ift graph returns from the dense du/dg = -A^{-1} B `(rows, n_u, n_g)`: its
+// blocks at each pair's offsets.
+std::vector<at::Tensor> ift_pairs(const ImplicitSegment& seg, const at::Tensor& du_dg) {
+  const auto rows = du_dg.size(0);
+  std::vector<at::Tensor> pairs;
+  for (const auto& pair : seg.jacobian_pairs) {
+    const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
+    pairs.push_back(
+        du_dg.narrow(1, pair.row_offset, nu)
+            .narrow(2, pair.col_offset, ng)
+            .reshape(with_rows(rows, {&pair.unknown_base_shape, &pair.given_base_shape})));
+  }
+  return pairs;
+}
+
+// What a solve_ift graph returns, for an iterative input sensitivity (no such graph), off
+// the CPU's row pass: A and B assembled and solved. NEML2 runs GMRES to its rel_tol on
+// them; A is assembled anyway, so we solve it exactly (on purpose).
 GraphFn dense_ift(const ImplicitSegment& seg, std::size_t a_blocks) {
   const auto units = seg.unknown_groups.size();
   return [&seg, a_blocks, units](const std::vector<at::Tensor>& operators) {
@@ -117,17 +134,23 @@ GraphFn dense_ift(const ImplicitSegment& seg, std::size_t a_blocks) {
     const auto givens = (operators.size() - a_blocks) / (a_blocks / units);
     const auto a = assemble(0, a_blocks, units);
     const auto b = assemble(a_blocks, operators.size() - a_blocks, givens);
-    const auto du_dg = -at::linalg_solve(a, b);
-    std::vector<at::Tensor> pairs;
-    for (const auto& pair : seg.jacobian_pairs) {
-      const auto nu = numel(pair.unknown_base_shape), ng = numel(pair.given_base_shape);
-      pairs.push_back(
-          du_dg.narrow(1, pair.row_offset, nu)
-              .narrow(2, pair.col_offset, ng)
-              .reshape(with_rows(rows, {&pair.unknown_base_shape, &pair.given_base_shape})));
-    }
-    return pairs;
+    return ift_pairs(seg, -at::linalg_solve(a, b));
   };
+}
+
+// Clears `finite[r]` where row r of the `(rows, n)` contiguous `t` has a value that is not
+// finite: one pass on the host instead of five tensor operations.
+void host_finite_rows(const at::Tensor& t, bool* finite) {
+  const auto* data = t.data_ptr<double>();
+  const auto width = t.size(1);
+  at::parallel_for(0, t.size(0), 2048, [&](std::int64_t begin, std::int64_t end) {
+    for (auto r = begin; r < end; ++r) {
+      bool all = true;
+      for (std::int64_t k = 0; k < width; ++k) // x - x is 0 unless x is inf or NaN
+        all &= data[r * width + k] - data[r * width + k] == 0;
+      finite[r] = finite[r] && all;
+    }
+  });
 }
 
 } // namespace
@@ -483,14 +506,7 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   if (!state.track)
     return;
   // du/dg = -A^{-1} B at the solution, then chained to the model's inputs.
-  std::vector<at::Tensor> args = solved.u;
-  args.insert(args.end(), givens.begin(), givens.end());
-  args.insert(args.end(), params.begin(), params.end());
-  auto operators = step.newton.jacobian(args);
-  operators.resize(step.a_blocks);
-  auto b_blocks = step.jacobian_given(args);
-  operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
-  auto pairs = step.solve_ift(operators);
+  auto pairs = input_sensitivity(step, solved.u, givens, params);
   if (solved.substepped.defined()) {
     // Rows solved in substeps: their derivatives chained through the substeps.
     for (std::size_t k = 0; k < seg.jacobian_pairs.size(); ++k) {
@@ -511,7 +527,7 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     per_row.insert(per_row.end(), givens.begin(), givens.end());
     for (auto p : step.params)
       per_row.push_back(chunk.params[p]);
-    const auto blocks = step.solve_param(step.dr_dparam(per_row));
+    const auto blocks = param_sensitivity(step, per_row, layout);
     for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
       const auto& pair = seg.param_jacobian_pairs[k];
       auto& target = derivatives[pair.out];
@@ -547,6 +563,38 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
   }
 }
 
+std::vector<at::Tensor>
+SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::Tensor>& u,
+                                const std::vector<at::Tensor>& g,
+                                const std::vector<at::Tensor>& params) const {
+  const auto args = graph_args(u, g, params);
+  auto operators = step.newton.jacobian(args);
+  operators.resize(step.a_blocks);
+  const auto b_blocks = step.jacobian_given(args);
+  if (runs_on_rows(u.front(), _config))
+    return ift_pairs(*step.segment,
+                     minus_solve_rows(operators, b_blocks, step.segment->residual_groups.size()));
+  operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
+  return step.solve_ift(operators);
+}
+
+std::vector<at::Tensor> SegmentChain::param_sensitivity(const ImplicitStep& step,
+                                                        const std::vector<at::Tensor>& per_row,
+                                                        const DenseLayout& layout) const {
+  auto operators = step.dr_dparam(per_row);
+  if (!runs_on_rows(per_row.front(), _config))
+    return step.solve_param(operators);
+  const auto split = operators.begin() + static_cast<std::ptrdiff_t>(step.a_blocks);
+  const auto du = minus_solve_rows({operators.begin(), split}, {split, operators.end()},
+                                   step.segment->residual_groups.size());
+  std::vector<at::Tensor> pairs;
+  for (const auto& pair : step.segment->param_jacobian_pairs)
+    pairs.push_back(
+        du.narrow(1, layout.unknown_row.at(pair.out), numel(pair.out_base_shape))
+            .narrow(2, layout.param_column.at(pair.param), numel(pair.param_base_shape)));
+  return pairs;
+}
+
 SegmentChain::DenseLayout SegmentChain::dense_layout(const ImplicitStep& step,
                                                      bool with_params) const {
   DenseLayout layout;
@@ -577,14 +625,7 @@ at::Tensor SegmentChain::dense_derivative(const ImplicitStep& step, const ChunkA
                                           const std::vector<at::Tensor>& g) const {
   const auto& seg = *step.segment;
   // du/dg = -A^{-1} B, from the graphs, at the blocks' flat offsets.
-  std::vector<at::Tensor> args = u;
-  args.insert(args.end(), g.begin(), g.end());
-  args.insert(args.end(), params.begin(), params.end());
-  auto ops = step.newton.jacobian(args);
-  ops.resize(step.a_blocks);
-  const auto b_blocks = step.jacobian_given(args);
-  ops.insert(ops.end(), b_blocks.begin(), b_blocks.end());
-  const auto blocks = step.solve_ift(ops);
+  const auto blocks = input_sensitivity(step, u, g, params);
   std::int64_t n_u = 0, n_g = 0;
   for (const auto& t : u)
     n_u += t.size(1);
@@ -609,7 +650,7 @@ at::Tensor SegmentChain::dense_derivative(const ImplicitStep& step, const ChunkA
     shape[0] = rows;
     per_row.push_back(chunk.params[p].narrow(0, 0, 1).expand(shape).contiguous());
   }
-  const auto by_param = step.solve_param(step.dr_dparam(per_row));
+  const auto by_param = param_sensitivity(step, per_row, layout);
   for (std::size_t k = 0; k < seg.param_jacobian_pairs.size(); ++k) {
     const auto& pair = seg.param_jacobian_pairs[k];
     const auto nu = numel(pair.out_base_shape), np = numel(pair.param_base_shape);
@@ -709,8 +750,12 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
     auto finite = at::ones({state.rows},
                            at::TensorOptions().dtype(at::kBool).device(results.front().device()));
     for (const auto& t : tensors)
-      if (t.defined() && t.dim() > 0 && t.size(0) == state.rows && t.is_floating_point())
-        finite = finite & at::isfinite(t.reshape({state.rows, -1})).all(1);
+      if (t.defined() && t.dim() > 0 && t.size(0) == state.rows && t.is_floating_point()) {
+        if (t.is_cpu() && t.scalar_type() == at::kDouble && finite.is_cpu())
+          host_finite_rows(t.reshape({state.rows, -1}).contiguous(), finite.data_ptr<bool>());
+        else
+          finite = finite & at::isfinite(t.reshape({state.rows, -1})).all(1);
+      }
     return finite;
   };
   const auto not_finite =

@@ -96,6 +96,15 @@ private:
     std::int64_t n_params = 0; // 0 when the parameters are not asked for
   };
   [[nodiscard]] DenseLayout dense_layout(const ImplicitStep& step, bool with_params) const;
+  // du/dg = -A^{-1} B per jacobian_pairs entry at solutions `u` of givens `g`; du/dparam =
+  // -A^{-1} dr/dparam per param_jacobian_pairs entry (`per_row`: u, g, the parameters per
+  // row). On the CPU's row pass the solves are ours, else the solve graphs'.
+  [[nodiscard]] std::vector<at::Tensor>
+  input_sensitivity(const ImplicitStep& step, const std::vector<at::Tensor>& u,
+                    const std::vector<at::Tensor>& g, const std::vector<at::Tensor>& params) const;
+  [[nodiscard]] std::vector<at::Tensor> param_sensitivity(const ImplicitStep& step,
+                                                          const std::vector<at::Tensor>& per_row,
+                                                          const DenseLayout& layout) const;
   // The dense derivative at solutions `u` of spans with givens `g` (the rows of a chunk).
   [[nodiscard]] at::Tensor dense_derivative(const ImplicitStep& step, const ChunkArgs& chunk,
                                             const std::vector<at::Tensor>& params,

@@ -1,0 +1,497 @@
+// Newton on the CPU as one pass over the rows between graph calls (newton_rows.hpp): the
+// graphs' results are read in place, each row's state lives in plain arrays, and the rows
+// still iterating are copied into the next call's arguments as the pass goes.
+
+#include "implicit/newton_rows.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "implicit/row_lu.hpp"
+
+namespace neml2::detail {
+namespace {
+
+// Rows per task of a pass (at::parallel_for: one OpenMP team over the intra-op threads; a
+// smaller working set runs on the calling thread).
+constexpr std::int64_t grain = 256;
+
+template <class F>
+void for_row_ranges(std::int64_t rows, const F& f) {
+  at::parallel_for(0, rows, grain, f);
+}
+
+template <class T>
+at::Tensor typed(const at::Tensor& t) {
+  constexpr auto type = c10::CppTypeToScalarType<T>::value;
+  return t.scalar_type() == type ? t : t.to(type);
+}
+
+// A graph's result read in place: `(rows, n)` or `(rows, n_r, n_c)`, any strides (results
+// can come back column-major), a batch of 1 standing for every row.
+template <class T>
+struct View {
+  at::Tensor tensor; // kept alive
+  const T* data;
+  std::int64_t row, stride1, stride2 = 0, size1, size2 = 1;
+
+  explicit View(const at::Tensor& t)
+      : tensor(typed<T>(t))
+      , data(tensor.data_ptr<T>())
+      , row(tensor.size(0) == 1 ? 0 : tensor.stride(0))
+      , stride1(tensor.stride(1))
+      , size1(tensor.size(1)) {
+    if (tensor.dim() == 3) {
+      stride2 = tensor.stride(2);
+      size2 = tensor.size(2);
+    }
+  }
+  T operator()(std::int64_t i, std::int64_t r, std::int64_t c = 0) const {
+    return data[i * row + r * stride1 + c * stride2];
+  }
+};
+
+// Row i's matrix (n x n) and right-hand sides (n x m) from their blocks: residual groups
+// outer, unknown (or column) groups inner.
+template <class T>
+struct Blocks {
+  std::vector<View<T>> blocks;
+  std::size_t column_groups;
+  std::vector<std::int64_t> row_at, column_at; // first row / column of each group
+  std::int64_t height = 0, width = 0;
+
+  Blocks(const std::vector<at::Tensor>& tensors, std::size_t first, std::size_t count,
+         std::size_t residual_groups)
+      : column_groups(count / residual_groups) {
+    for (auto k = first; k < first + count; ++k)
+      blocks.emplace_back(tensors[k]);
+    for (std::size_t r = 0; r < residual_groups; ++r) {
+      row_at.push_back(height);
+      height += blocks[r * column_groups].size1;
+    }
+    for (std::size_t c = 0; c < column_groups; ++c) {
+      column_at.push_back(width);
+      width += blocks[c].size2;
+    }
+  }
+  void fill(std::int64_t i, T* out) const {
+    for (std::size_t r = 0; r < row_at.size(); ++r)
+      for (std::size_t c = 0; c < column_groups; ++c) {
+        const auto& b = blocks[r * column_groups + c];
+        for (std::int64_t x = 0; x < b.size1; ++x)
+          for (std::int64_t y = 0; y < b.size2; ++y)
+            out[(row_at[r] + x) * width + column_at[c] + y] = b(i, x, y);
+      }
+  }
+};
+
+// b = -r per residual group: each row's ||b||, and <b, x>.
+template <class T>
+struct Residual {
+  std::vector<View<T>> groups;
+
+  Residual(const std::vector<at::Tensor>& tensors, std::size_t first) {
+    for (auto k = first; k < tensors.size(); ++k)
+      groups.emplace_back(tensors[k]);
+  }
+  T norm(std::int64_t i) const {
+    T squares = 0;
+    for (const auto& g : groups)
+      for (std::int64_t x = 0; x < g.size1; ++x)
+        squares += g(i, x) * g(i, x);
+    return std::sqrt(squares);
+  }
+  void copy(std::int64_t i, T* out) const {
+    for (const auto& g : groups)
+      for (std::int64_t x = 0; x < g.size1; ++x)
+        *out++ = g(i, x);
+  }
+};
+
+template <class T>
+T norm(const T* x, std::int64_t n) {
+  T squares = 0;
+  for (std::int64_t k = 0; k < n; ++k)
+    squares += x[k] * x[k];
+  return std::sqrt(squares);
+}
+
+// Pointers to the rows of `(rows, width)` contiguous tensors.
+template <class T>
+struct Groups {
+  std::vector<T*> data;
+  std::vector<std::int64_t> width;
+
+  explicit Groups(const std::vector<at::Tensor>& tensors) {
+    for (const auto& t : tensors) {
+      data.push_back(t.data_ptr<T>());
+      width.push_back(t.size(1));
+    }
+  }
+  // Row i of every group, packed side by side, into `out`.
+  void read(std::int64_t i, T* out) const {
+    for (std::size_t k = 0; k < data.size(); ++k)
+      out = std::copy_n(data[k] + i * width[k], width[k], out);
+  }
+  void write(std::int64_t i, const T* in) const {
+    for (std::size_t k = 0; k < data.size(); ++k) {
+      std::copy_n(in, width[k], data[k] + i * width[k]);
+      in += width[k];
+    }
+  }
+  void copy_row(std::int64_t to, const Groups& from, std::int64_t i) const {
+    for (std::size_t k = 0; k < data.size(); ++k)
+      std::copy_n(from.data[k] + i * width[k], width[k], data[k] + to * width[k]);
+  }
+};
+
+std::vector<at::Tensor> empty_like_rows(const std::vector<at::Tensor>& like, std::int64_t rows) {
+  std::vector<at::Tensor> out;
+  for (const auto& t : like)
+    out.push_back(at::empty({rows, t.size(1)}, t.options()));
+  return out;
+}
+
+template <class T>
+class RowNewton {
+public:
+  RowNewton(const NewtonGraphs& graphs, const std::vector<at::Tensor>& params,
+            const SolverConfig& config, bool gate_relative)
+      : _graphs(graphs)
+      , _params(params)
+      , _config(config)
+      , _gate(gate_relative)
+      , _search(config.ls_max_iters > 2) {}
+
+  NewtonResult solve(std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens) {
+    const auto rows = u0.front().size(0);
+    for (auto& t : u0) {
+      // Ours to update: a guess may be a view of the caller's input.
+      _u.push_back(typed<T>(t).reshape({rows, -1}).clone(at::MemoryFormat::Contiguous));
+      _n += _u.back().size(1);
+    }
+    for (const auto& g : givens)
+      _g.push_back(typed<T>(g).reshape({rows, -1}).contiguous());
+    _index.resize(static_cast<std::size_t>(rows));
+    std::iota(_index.begin(), _index.end(), 0);
+    _r0.resize(_index.size());
+    _norm.resize(_index.size());
+    _gate_ok.assign(_index.size(), 0);
+
+    NewtonResult result;
+    result.u = empty_like_rows(_u, rows);
+    result.norm = at::empty({rows}, _u.front().options());
+    result.converged = at::empty({rows}, _u.front().options().dtype(at::kBool));
+    _out = std::make_unique<Groups<T>>(result.u);
+    _out_norm = result.norm.data_ptr<T>();
+    _out_converged = result.converged.data_ptr<bool>();
+    if (rows == 0)
+      return result;
+
+    bool has_a = rows <= first_from_jacobian;
+    auto results = (has_a ? _graphs.jacobian : _graphs.residual)(graph_args(_u, _g, _params));
+    for (std::int64_t it = 0;; ++it) {
+      auto staying = pass(results, has_a, it, true);
+      if (staying == 0)
+        break;
+      if (!has_a) { // the first residual came without A: A for the rows that stay
+        advance(false);
+        results = _graphs.jacobian(graph_args(_u, _g, _params));
+        has_a = true;
+        if (pass(results, true, it, false) == 0)
+          break;
+      }
+      advance(!_search);
+      if (_search)
+        line_search();
+      result.iterations = it + 1;
+      results = _graphs.jacobian(graph_args(_u, _g, _params));
+    }
+
+    T worst = 0;
+    bool not_finite = false;
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (!_out_converged[r]) {
+        not_finite = not_finite || !std::isfinite(_out_norm[r]);
+        worst = std::max(worst, _out_norm[r]);
+      }
+    result.worst_residual =
+        not_finite ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(worst);
+    return result;
+  }
+
+private:
+  std::int64_t size() const { return static_cast<std::int64_t>(_index.size()); }
+
+  // Row i leaves the working set: its unknowns, norm and flag into the batch's result.
+  void finish(const Groups<T>& u, std::int64_t i, bool converged) {
+    const auto row = _index[static_cast<std::size_t>(i)];
+    _out->copy_row(row, u, i);
+    _out_norm[row] = _norm[static_cast<std::size_t>(i)];
+    _out_converged[row] = converged;
+  }
+
+  // One pass over the working set at a graph's results. With `check`: each row's ||r||
+  // and whether it leaves (converged, failed, or at the iteration cap). With A (`has_a`):
+  // each staying row's step du = A^{-1} b and <b, du>; a singular A fails the row.
+  // Returns how many rows stay (`_keep`).
+  std::int64_t pass(const std::vector<at::Tensor>& results, bool has_a, std::int64_t it,
+                    bool check) {
+    const auto a_blocks = has_a ? _graphs.a_blocks : 0;
+    const Residual<T> b(results, a_blocks);
+    const auto residual_groups = results.size() - a_blocks;
+    const bool last = it + 1 >= _config.miters;
+    const Groups<T> u(_u);
+    const auto n = _n;
+    _keep.assign(_index.size(), 0);
+    if (has_a) {
+      _du.resize(static_cast<std::size_t>(size() * n));
+      _slope.resize(_index.size());
+    }
+    const auto step = [&](std::int64_t i, T* a, std::int64_t* pivot, const Blocks<T>& blocks) {
+      blocks.fill(i, a);
+      T* x = _du.data() + i * n;
+      b.copy(i, x);
+      if (!lu_factor(a, n, pivot))
+        return false;
+      lu_solve(a, pivot, n, x, 1);
+      if (_search) {
+        T dot = 0;
+        std::int64_t k = 0;
+        for (const auto& g : b.groups)
+          for (std::int64_t r = 0; r < g.size1; ++r)
+            dot += g(i, r) * x[k++];
+        _slope[static_cast<std::size_t>(i)] = dot;
+      }
+      return true;
+    };
+    std::optional<Blocks<T>> blocks;
+    if (has_a)
+      blocks.emplace(results, 0, a_blocks, residual_groups);
+    for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+      std::vector<T> a(static_cast<std::size_t>(n * n));
+      std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+      for (auto i = begin; i < end; ++i) {
+        const auto row = static_cast<std::size_t>(i);
+        if (check) {
+          const T norm = b.norm(i);
+          _norm[row] = norm;
+          bool converged = norm < _config.atol;
+          if (it == 0)
+            _r0[row] = norm;
+          else
+            converged =
+                converged || (norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
+          if (converged || !std::isfinite(norm) || last) {
+            finish(u, i, converged);
+            continue;
+          }
+        }
+        if (has_a && !step(i, a.data(), pivot.data(), *blocks)) {
+          finish(u, i, false);
+          continue;
+        }
+        _keep[row] = 1;
+      }
+    });
+    return std::count(_keep.begin(), _keep.end(), 1);
+  }
+
+  // The working set becomes its rows with `_keep` set, in order; with `move`, each takes
+  // its full step (u += du).
+  void advance(bool move) {
+    std::vector<std::int64_t> from;
+    for (std::int64_t i = 0; i < size(); ++i)
+      if (_keep[static_cast<std::size_t>(i)] != 0)
+        from.push_back(i);
+    const auto m = static_cast<std::int64_t>(from.size());
+    const bool same = m == size();
+    const auto n = _n;
+    auto u = same ? _u : empty_like_rows(_u, m);
+    auto g = same ? _g : empty_like_rows(_g, m);
+    const Groups<T> old_u(_u), new_u(u), old_g(_g), new_g(g);
+    std::vector<std::int64_t> index(from.size());
+    const bool carry_step = _search && !same; // the line search takes du and <b, du> later
+    std::vector<T> r0(from.size()), norm(from.size()), slope(from.size()),
+        du(carry_step ? from.size() * static_cast<std::size_t>(n) : 0);
+    std::vector<std::uint8_t> gate_ok(from.size());
+    for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+      std::vector<T> x(static_cast<std::size_t>(n));
+      for (auto j = begin; j < end; ++j) {
+        const auto i = from[static_cast<std::size_t>(j)];
+        const auto to = static_cast<std::size_t>(j), at = static_cast<std::size_t>(i);
+        if (move) {
+          old_u.read(i, x.data());
+          const T* step = _du.data() + i * n;
+          for (std::int64_t k = 0; k < n; ++k)
+            x[static_cast<std::size_t>(k)] += step[k];
+          new_u.write(j, x.data());
+          gate_ok[to] = gate(step, x.data());
+        } else {
+          if (!same)
+            new_u.copy_row(j, old_u, i);
+          gate_ok[to] = _gate_ok[at];
+        }
+        if (!same)
+          new_g.copy_row(j, old_g, i);
+        if (carry_step && !_du.empty()) {
+          std::copy_n(_du.data() + i * n, n, du.data() + j * n);
+          slope[to] = _slope[at];
+        }
+        index[to] = _index[at];
+        r0[to] = _r0[at];
+        norm[to] = _norm[at];
+      }
+    });
+    _u = std::move(u);
+    _g = std::move(g);
+    _index = std::move(index);
+    _r0 = std::move(r0);
+    _norm = std::move(norm);
+    _gate_ok = std::move(gate_ok);
+    if (carry_step) {
+      _du = std::move(du);
+      _slope = std::move(slope);
+    }
+  }
+
+  // NEML2's gate on the relative test while substepping: ||du|| < substep_del_tol
+  // (||u|| + atol) at the updated u (the step taken, alpha du with a line search).
+  std::uint8_t gate(const T* du, const T* u) const {
+    return !_gate || norm(du, _n) < _config.substep_del_tol * (norm(u, _n) + _config.atol) ? 1 : 0;
+  }
+
+  // The line search of NEML2's Newton (newton.cpp's line_search, per row): every row of
+  // the working set searches along its du, then takes u += alpha du.
+  void line_search() {
+    const auto m = size();
+    const auto n = _n;
+    const bool strong_wolfe = _config.ls_type == "STRONG_WOLFE";
+    std::vector<T> alpha(_index.size(), 1);
+    std::vector<std::uint8_t> settled(_index.size(), 0);
+    const Groups<T> u(_u);
+    for (std::int64_t trial = 1; trial < _config.ls_max_iters; ++trial) {
+      auto moved = empty_like_rows(_u, m);
+      const Groups<T> to(moved);
+      for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+        std::vector<T> x(static_cast<std::size_t>(n));
+        for (auto j = begin; j < end; ++j) {
+          u.read(j, x.data());
+          for (std::int64_t k = 0; k < n; ++k)
+            x[static_cast<std::size_t>(k)] += alpha[static_cast<std::size_t>(j)] * _du[j * n + k];
+          to.write(j, x.data());
+        }
+      });
+      const Residual<T> b(_graphs.residual(graph_args(moved, _g, _params)), 0);
+      for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+        for (auto j = begin; j < end; ++j) {
+          const auto row = static_cast<std::size_t>(j);
+          const T nb = std::pow(b.norm(j), 2), nb0 = _norm[row] * _norm[row];
+          const T crit = strong_wolfe ? (1 - _config.ls_c * alpha[row]) * nb0
+                                      : nb0 - 2 * _config.ls_c * alpha[row] * _slope[row];
+          settled[row] =
+              settled[row] != 0 || nb <= crit || nb <= _config.atol * _config.atol ? 1 : 0;
+        }
+      });
+      if (trial + 1 == _config.ls_max_iters ||
+          std::all_of(settled.begin(), settled.end(), [](auto s) { return s != 0; }))
+        break;
+      for (std::size_t j = 0; j < settled.size(); ++j)
+        if (settled[j] == 0)
+          alpha[j] /= _config.ls_cutback;
+    }
+    for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+      std::vector<T> x(static_cast<std::size_t>(n)), step(static_cast<std::size_t>(n));
+      for (auto j = begin; j < end; ++j) {
+        const auto row = static_cast<std::size_t>(j);
+        u.read(j, x.data());
+        for (std::int64_t k = 0; k < n; ++k) {
+          step[static_cast<std::size_t>(k)] = alpha[row] * _du[j * n + k];
+          x[static_cast<std::size_t>(k)] += step[static_cast<std::size_t>(k)];
+        }
+        u.write(j, x.data());
+        _gate_ok[row] = gate(step.data(), x.data());
+      }
+    });
+  }
+
+  const NewtonGraphs& _graphs;
+  const std::vector<at::Tensor>& _params;
+  const SolverConfig& _config;
+  const bool _gate, _search;
+
+  // The working set: unknowns (ours, updated in place) and givens per group, each row's
+  // batch row, first and last ||r||, whether its last update passes the gate, whether it
+  // stays, its step and <b, du>.
+  std::vector<at::Tensor> _u, _g;
+  std::int64_t _n = 0;
+  std::vector<std::int64_t> _index;
+  std::vector<T> _r0, _norm, _du, _slope;
+  std::vector<std::uint8_t> _gate_ok, _keep;
+
+  std::unique_ptr<Groups<T>> _out;
+  T* _out_norm = nullptr;
+  bool* _out_converged = nullptr;
+};
+
+template <class T>
+at::Tensor minus_solve(const std::vector<at::Tensor>& a_blocks,
+                       const std::vector<at::Tensor>& c_blocks, std::size_t residual_groups) {
+  std::int64_t rows = 1;
+  for (const auto* list : {&a_blocks, &c_blocks})
+    for (const auto& t : *list)
+      rows = std::max(rows, t.size(0));
+  const Blocks<T> a(a_blocks, 0, a_blocks.size(), residual_groups),
+      c(c_blocks, 0, c_blocks.size(), residual_groups);
+  const auto n = a.height, m = c.width;
+  auto out = at::empty({rows, n, m}, a.blocks.front().tensor.options());
+  T* x = out.template data_ptr<T>();
+  for_row_ranges(rows, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<T> lu(static_cast<std::size_t>(n * n));
+    std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+    for (auto i = begin; i < end; ++i) {
+      T* row = x + i * n * m;
+      a.fill(i, lu.data());
+      c.fill(i, row);
+      if (!lu_factor(lu.data(), n, pivot.data())) {
+        std::fill_n(row, n * m, std::numeric_limits<T>::quiet_NaN());
+        continue;
+      }
+      lu_solve(lu.data(), pivot.data(), n, row, m);
+      for (std::int64_t k = 0; k < n * m; ++k)
+        row[k] = -row[k];
+    }
+  });
+  return out;
+}
+
+} // namespace
+
+bool runs_on_rows(const at::Tensor& like, const SolverConfig& config) {
+  return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble;
+}
+
+bool runs_on_rows(const NewtonGraphs& graphs, const at::Tensor& like, const SolverConfig& config) {
+  return !graphs.matvec && runs_on_rows(like, config);
+}
+
+NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
+                               const std::vector<at::Tensor>& givens,
+                               const std::vector<at::Tensor>& params, const SolverConfig& config,
+                               bool gate_relative) {
+  return RowNewton<double>(graphs, params, config, gate_relative).solve(std::move(u0), givens);
+}
+
+at::Tensor minus_solve_rows(const std::vector<at::Tensor>& a_blocks,
+                            const std::vector<at::Tensor>& c_blocks, std::size_t residual_groups) {
+  return minus_solve<double>(a_blocks, c_blocks, residual_groups);
+}
+
+} // namespace neml2::detail

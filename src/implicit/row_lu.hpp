@@ -1,0 +1,64 @@
+#pragma once
+
+// One row's small dense system A x = b, solved by LU with partial pivoting as LAPACK's
+// getrf / getrs do it (the first largest pivot of each column), in plain loops: the row
+// pass of Newton on the CPU (implicit/newton_rows.cpp) runs one per row. Private to
+// src/implicit/.
+
+#include <cmath>
+#include <cstdint>
+#include <utility>
+
+namespace neml2::detail {
+
+/// Factors the `n` x `n` row-major `a` in place: L (unit diagonal) below, U on and above;
+/// row k was swapped with `pivot[k]`. False when a pivot is zero or not finite (A singular,
+/// or not finite): that row's solve fails.
+template <class T>
+bool lu_factor(T* a, std::int64_t n, std::int64_t* pivot) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    std::int64_t p = k;
+    T largest = std::abs(a[k * n + k]);
+    for (std::int64_t i = k + 1; i < n; ++i)
+      if (std::abs(a[i * n + k]) > largest) {
+        largest = std::abs(a[i * n + k]);
+        p = i;
+      }
+    if (!(largest > 0) || !std::isfinite(largest))
+      return false;
+    pivot[k] = p;
+    if (p != k)
+      for (std::int64_t j = 0; j < n; ++j)
+        std::swap(a[k * n + j], a[p * n + j]);
+    const T inverse = 1 / a[k * n + k];
+    for (std::int64_t i = k + 1; i < n; ++i) {
+      const T l = a[i * n + k] *= inverse;
+      for (std::int64_t j = k + 1; j < n; ++j)
+        a[i * n + j] -= l * a[k * n + j];
+    }
+  }
+  return true;
+}
+
+/// Overwrites the `n` x `columns` row-major `x` (right-hand sides) with A^{-1} x, from
+/// lu_factor's `lu` and `pivot`.
+template <class T>
+void lu_solve(const T* lu, const std::int64_t* pivot, std::int64_t n, T* x, std::int64_t columns) {
+  for (std::int64_t k = 0; k < n; ++k)
+    if (pivot[k] != k)
+      for (std::int64_t c = 0; c < columns; ++c)
+        std::swap(x[k * columns + c], x[pivot[k] * columns + c]);
+  for (std::int64_t i = 1; i < n; ++i)
+    for (std::int64_t k = 0; k < i; ++k)
+      for (std::int64_t c = 0; c < columns; ++c)
+        x[i * columns + c] -= lu[i * n + k] * x[k * columns + c];
+  for (std::int64_t i = n - 1; i >= 0; --i) {
+    for (std::int64_t k = i + 1; k < n; ++k)
+      for (std::int64_t c = 0; c < columns; ++c)
+        x[i * columns + c] -= lu[i * n + k] * x[k * columns + c];
+    for (std::int64_t c = 0; c < columns; ++c)
+      x[i * columns + c] /= lu[i * n + i];
+  }
+}
+
+} // namespace neml2::detail

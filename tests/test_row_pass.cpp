@@ -1,0 +1,401 @@
+// Newton's row pass on the CPU (src/implicit/newton_rows.cpp: each row's LU, update, norms,
+// flags and compaction in plain C++) against the tensor path it replaces there (row_pass =
+// false: the solve graphs and tensor operations, as on accelerators), on every implicit
+// model in models/, every derivative, with failing rows, substepping and line searches; the
+// working set through the graph-call observer; the row kernels against ATen's solve.
+// (The rest of the suite runs the row pass against eager NEML2: it is the CPU's default.)
+
+#include <algorithm>
+#include <filesystem>
+#include <functional>
+
+#include <neml2/detail/graph_calls.hpp>
+
+#include "cube_root.hpp"
+#include "internals.hpp" // the library's private parts
+#include "model_checks.hpp"
+
+using namespace neml2;
+
+namespace {
+
+Session session(const std::string& artifact, bool row_pass,
+                const std::function<void(SolverConfig&)>& change = {}) {
+  Session s(std::make_shared<const Artifact>(
+                read_artifact(resolve_artifact_root(test::stub(artifact, "model"), "model"))),
+            "cpu");
+  auto config = s.solver_config();
+  config.row_pass = row_pass;
+  if (change)
+    change(config);
+  s.set_solver_config(config);
+  return s;
+}
+
+// What a call gave: its positional results (outputs, then derivatives), the scale group of
+// each (its own, or for a Jacobian block every block of the same output), and the
+// converged mask when some rows failed (undefined when none did).
+struct Outcome {
+  std::vector<at::Tensor> values;
+  std::vector<std::string> groups;
+  at::Tensor converged;
+};
+
+// A call's outputs, each its own group, then its derivative blocks grouped by output.
+struct Positional {
+  std::vector<at::Tensor> values;
+  std::vector<std::string> groups;
+
+  void outputs(const TensorMap& map) {
+    for (const auto& [name, value] : map) {
+      values.push_back(value);
+      groups.push_back("value " + name);
+    }
+  }
+  void blocks(const VariablePairJacobian& J) {
+    for (const auto& [o, blocks] : J)
+      for (const auto& [i, block] : blocks) {
+        values.push_back(block);
+        groups.push_back("d " + o);
+      }
+  }
+};
+
+// On a ConvergenceError, its positional results: the outputs, then the blocks in the
+// artifact's order of `pairs` (each grouped by its output).
+Outcome outcome(const std::function<Positional()>& call, std::size_t outputs,
+                const std::vector<std::pair<std::string, std::string>>& pairs) {
+  try {
+    auto p = call();
+    return {p.values, p.groups, {}};
+  } catch (const ConvergenceError& e) {
+    REQUIRE(e.per_row());
+    std::vector<std::string> groups;
+    for (std::size_t k = 0; k < e.results().size(); ++k)
+      groups.push_back(k < outputs                  ? "value " + std::to_string(k)
+                       : k - outputs < pairs.size() ? "d " + pairs[k - outputs].first
+                                                    : "value " + std::to_string(k));
+    return {e.results(), groups, e.converged_mask()};
+  }
+}
+
+// Every call the session has, as positional results.
+std::map<std::string, Outcome> every_call(const Session& s, const TensorMap& inputs) {
+  const auto& artifact = s.artifact();
+  const auto n = s.output_names().size();
+  std::map<std::string, Outcome> calls;
+  calls["forward"] = outcome(
+      [&] {
+        Positional p;
+        p.outputs(s.forward(inputs));
+        return p;
+      },
+      n, {});
+  calls["jacobian"] = outcome(
+      [&] {
+        const auto [out, J] = s.jacobian(inputs);
+        Positional p;
+        p.outputs(out);
+        p.blocks(J);
+        return p;
+      },
+      n, artifact.derivatives);
+  calls["jvp"] = outcome(
+      [&] {
+        TensorMap tangents;
+        for (const auto& [name, value] : inputs)
+          tangents.emplace(
+              name, at::sin(at::arange(value.numel(), value.options())).reshape(value.sizes()));
+        const auto [out, d] = s.jvp(inputs, tangents);
+        Positional p;
+        p.outputs(out);
+        for (const auto& [name, value] : d) {
+          p.values.push_back(value);
+          p.groups.push_back("tangent " + name);
+        }
+        return p;
+      },
+      n, {});
+  if (!s.named_parameters().empty()) {
+    calls["param_jacobian"] = outcome(
+        [&] {
+          const auto [out, P] = s.param_jacobian(inputs);
+          Positional p;
+          p.outputs(out);
+          p.blocks(P);
+          return p;
+        },
+        n, artifact.parameter_derivatives);
+    calls["param_vjp"] = outcome(
+        [&] {
+          TensorMap cotangents;
+          for (const auto& name : s.output_names())
+            cotangents.emplace(name, at::ones_like(s.forward(inputs).at(name)));
+          Positional p;
+          p.outputs(s.param_vjp(inputs, cotangents));
+          return p;
+        },
+        0, {});
+  }
+  return calls;
+}
+
+// The two paths agree: the same rows fail, the same NaNs, and every other value to 1e-12
+// of the largest in its scale group, a value's own tensor's (1e-6 at least). Jacobian
+// blocks, from -A^{-1} B solved by our LU or by the solve_ift graph's LAPACK, to 1e-11 of
+// the largest block of their output: norm-wise, as a solve's accuracy is stated (two
+// backward-stable solves differ by up to cond(A) eps; Chaboche's plastic-strain rows come
+// within 1e-11, every other block within 1e-12).
+void check_same(const Outcome& rows, const Outcome& tensors, const std::string& what) {
+  INFO(what);
+  REQUIRE(rows.converged.defined() == tensors.converged.defined());
+  if (rows.converged.defined())
+    CHECK(at::equal(rows.converged, tensors.converged));
+  REQUIRE(rows.values.size() == tensors.values.size());
+  REQUIRE(rows.groups == tensors.groups);
+  std::map<std::string, double> scale;
+  for (std::size_t k = 0; k < tensors.values.size(); ++k) {
+    const auto& b = tensors.values[k];
+    const auto finite = at::isfinite(b);
+    auto& s = scale.try_emplace(tensors.groups[k], 1e-6).first->second;
+    if (finite.any().item<bool>())
+      s = std::max(s, b.index({finite}).abs().max().item<double>());
+  }
+  for (std::size_t k = 0; k < rows.values.size(); ++k) {
+    CAPTURE(k);
+    CAPTURE(tensors.groups[k]);
+    const auto& a = rows.values[k];
+    const auto& b = tensors.values[k];
+    REQUIRE(a.sizes() == b.sizes());
+    REQUIRE(at::equal(at::isnan(a), at::isnan(b)));
+    const auto finite = at::isfinite(b);
+    if (!finite.any().item<bool>())
+      continue;
+    const auto error = (a.index({finite}) - b.index({finite})).abs().max().item<double>() /
+                       scale.at(tensors.groups[k]);
+    const auto tolerance = tensors.groups[k].starts_with("d ") ? 1e-11 : 1e-12;
+    CHECK_MESSAGE(error <= tolerance, "relative error " << error);
+  }
+}
+
+// Both paths on `inputs`; returns the row pass's forward outcome.
+Outcome compare(const std::string& model, const TensorMap& inputs,
+                const std::function<void(SolverConfig&)>& change = {}) {
+  const auto rows = every_call(session(model, true, change), inputs);
+  const auto tensors = every_call(session(model, false, change), inputs);
+  REQUIRE(rows.size() == tensors.size());
+  for (const auto& [call, result] : rows)
+    check_same(result, tensors.at(call), model + " " + call);
+  return rows.at("forward");
+}
+
+// Every row of `inputs` `times` times, each copy perturbed by a few percent.
+TensorMap tiled(const TensorMap& inputs, std::int64_t times) {
+  TensorMap out;
+  for (const auto& [name, value] : inputs) {
+    auto sizes = std::vector<std::int64_t>(static_cast<std::size_t>(value.dim()), 1);
+    sizes[0] = times;
+    const auto copies = value.repeat(sizes);
+    const auto scale =
+        1 + 0.03 * at::cos(at::arange(copies.size(0), value.options())).reshape({-1, 1});
+    out.emplace(name, (copies.reshape({copies.size(0), -1}) * scale).reshape(copies.sizes()));
+  }
+  return out;
+}
+
+// The implicit models in models/ with a load history, and how many steps it has.
+const std::vector<std::pair<const char*, int>> histories = {
+    {"scalar_backward_euler", 4},    {"j2_radial_return", 5}, {"perzyna_viscoplasticity", 5},
+    {"chaboche_viscoplasticity", 5}, {"perzyna_gmres", 5},    {"perzyna_gmres_bjac", 5},
+    {"perzyna_gmres_chord", 5}};
+
+} // namespace
+
+TEST_CASE("the row pass gives what the tensor path gives, on every implicit model") {
+  for (const auto& [name, steps] : histories) {
+    const std::string model = name;
+    CAPTURE(model);
+    const test::Reference ref(model);
+    for (int step = 0; step < steps; ++step) {
+      CAPTURE(step);
+      const auto inputs = ref.group("s" + std::to_string(step) + "/in");
+      compare(model, inputs);           // 20 rows: Newton starts from the jacobian graph
+      compare(model, tiled(inputs, 5)); // 100 rows: from the residual graph
+    }
+  }
+}
+
+TEST_CASE("the row pass's parameter derivatives give the tensor path's") {
+  // A parameter inside the residual: du/dp = -A^{-1} dr/dp through the row kernel.
+  const test::Reference ref("scalar_backward_euler");
+  compare("scalar_backward_euler_params", ref.group("s2/in"));
+  compare("scalar_backward_euler_params", tiled(ref.group("s2/in"), 5));
+}
+
+TEST_CASE("the row pass with line searches, failing rows and substeps") {
+  const test::Reference scalar("scalar_backward_euler");
+  for (const std::string c :
+       {"ls_none", "ls_backtracking", "ls_strong_wolfe", "ls_strong_wolfe_short"}) {
+    CAPTURE(c);
+    const auto settings = scalar[c + "/config"];
+    const auto result =
+        compare("scalar_backward_euler", scalar.group(c + "/in"), [&](SolverConfig& config) {
+          config.miters = settings[0].item<std::int64_t>();
+          config.ls_max_iters = settings[1].item<std::int64_t>();
+          config.ls_cutback = settings[2].item<double>();
+          config.ls_c = settings[3].item<double>();
+          config.ls_type = test::contains(c, "strong_wolfe") ? "STRONG_WOLFE" : "BACKTRACKING";
+        });
+    CHECK(result.converged.defined()); // some rows fail in each case
+  }
+  // The multi-unknown models with a line search, and with too few iterations for some rows.
+  for (const std::string model :
+       {"j2_radial_return", "perzyna_viscoplasticity", "chaboche_viscoplasticity"}) {
+    CAPTURE(model);
+    const test::Reference ref(model);
+    const auto inputs = tiled(ref.group("s4/in"), 4);
+    for (const char* type : {"BACKTRACKING", "STRONG_WOLFE"})
+      compare(model, inputs, [&](SolverConfig& config) {
+        config.ls_type = type;
+        config.ls_max_iters = 6;
+        config.ls_c = 0.3;
+      });
+    const auto failing = compare(model, inputs, [](SolverConfig& config) { config.miters = 3; });
+    REQUIRE(failing.converged.defined());
+    CHECK(failing.converged.any().item<bool>()); // elastic rows still converge
+  }
+  // Substepping: rows that fail in one step take bisected spans.
+  const test::Reference sub("scalar_substepping");
+  compare("scalar_substepping", sub.group("sub/in"));
+}
+
+TEST_CASE("the row pass over many rows, on the intra-op threads, gives the tensor path's") {
+  const test::Reference ref("chaboche_viscoplasticity");
+  compare("chaboche_viscoplasticity", tiled(ref.group("s3/in"), 300)); // 6000 rows, tasks of 256
+}
+
+TEST_CASE("the row pass evaluates only the rows still iterating, and no solve graph") {
+  // x + h x^2 = x~1 + h a from x~1 = 0.5, h = 0.1: a = 0.25 is at equilibrium (converged at
+  // the first residual), larger a iterate longer. Each row alone tells how many updates it
+  // takes (its first jacobian call, then one per update); in a batch the jacobian graph after
+  // update k must receive exactly the rows that take at least k.
+  std::vector<double> a;
+  for (int r = 0; r < 80; ++r) // 80 rows: the residual graph first
+    a.push_back(r % 4 == 0 ? 1.25 + r : 0.25);
+  const auto rows = static_cast<std::int64_t>(a.size());
+  const TensorMap all{{"a", at::tensor(a, at::kDouble)},
+                      {"x", at::full({rows}, 0.5, at::kDouble)},
+                      {"x~1", at::full({rows}, 0.5, at::kDouble)},
+                      {"t", at::full({rows}, 0.1, at::kDouble)},
+                      {"t~1", at::zeros({rows}, at::kDouble)}};
+  const auto s = session("scalar_backward_euler", true);
+  std::map<std::string, std::vector<std::int64_t>> calls; // rows per call, per graph
+  neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
+    calls[std::filesystem::path(file).stem().string()].push_back(n);
+  });
+  std::vector<std::int64_t> updates;
+  std::vector<at::Tensor> alone;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    calls.clear();
+    TensorMap one;
+    for (const auto& [name, value] : all)
+      one.emplace(name, value.narrow(0, r, 1));
+    alone.push_back(s.forward(one).at("x"));
+    updates.push_back(static_cast<std::int64_t>(calls["model_jacobian"].size()) - 1);
+  }
+  calls.clear();
+  const auto out = s.forward(all).at("x");
+  neml2::detail::observe_graph_calls({});
+  CHECK(calls.count("model_solve") == 0);
+  CHECK(calls["model_residual"] == std::vector<std::int64_t>{rows});
+  const auto at_least = [&](std::int64_t k) {
+    return std::count_if(updates.begin(), updates.end(), [&](auto u) { return u >= k; });
+  };
+  const auto most = *std::max_element(updates.begin(), updates.end());
+  REQUIRE(most >= 3);
+  REQUIRE(at_least(1) == rows / 4); // the rows at equilibrium leave at the first residual
+  REQUIRE(at_least(most) < at_least(1));
+  std::vector<std::int64_t> expected{at_least(1)}; // A for the rows that iterate
+  for (std::int64_t k = 1; k <= most; ++k)
+    expected.push_back(at_least(k));
+  CHECK(calls["model_jacobian"] == expected);
+  CHECK(at::equal(out, at::cat(alone)));
+}
+
+TEST_CASE("a row whose A is singular fails alone, with its residual; the others converge") {
+  // r(u) = u^3 - a from u = 1, 0, 1: the middle row's A = 3 u^2 is 0, a zero pivot.
+  const auto graphs = test::cube_root();
+  const auto a = at::tensor({8.0, 8.0, 27.0}, at::kDouble).reshape({-1, 1});
+  const auto u0 = at::tensor({1.0, 0.0, 1.0}, at::kDouble).reshape({-1, 1});
+  for (const bool row_pass : {true, false}) {
+    CAPTURE(row_pass);
+    SolverConfig config;
+    config.row_pass = row_pass;
+    const auto result = neml2::detail::newton_solve(graphs, {u0}, {a}, {}, config);
+    CHECK(at::equal(result.converged, at::tensor({1, 0, 1}).to(at::kBool)));
+    CHECK(result.u[0][0].item<double>() == doctest::Approx(2).epsilon(1e-9));
+    CHECK(result.u[0][2].item<double>() == doctest::Approx(3).epsilon(1e-9));
+    if (row_pass) { // the tensor path divides by the zero pivot: NaN
+      CHECK(result.norm[1].item<double>() == 8);
+      CHECK(result.worst_residual == 8);
+    }
+  }
+}
+
+TEST_CASE("LU with partial pivoting solves as ATen does, and refuses a singular A") {
+  at::manual_seed(3);
+  for (const std::int64_t n : {1, 2, 6, 19}) {
+    CAPTURE(n);
+    auto a = at::randn({n, n}, at::kDouble) + n * at::eye(n, at::kDouble);
+    a[0][0] = 0; // the first column needs a pivot from below (n > 1)
+    if (n == 1)
+      a[0][0] = 0.5;
+    const auto c = at::randn({n, 3}, at::kDouble);
+    auto lu = a.clone();
+    auto x = c.clone();
+    std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+    REQUIRE(neml2::detail::lu_factor(lu.data_ptr<double>(), n, pivot.data()));
+    neml2::detail::lu_solve(lu.data_ptr<double>(), pivot.data(), n, x.data_ptr<double>(), 3);
+    test::check_close(x, at::linalg_solve(a, c), "x", 1e-12);
+  }
+  std::vector<std::int64_t> pivot(3);
+  auto zero_column = at::randn({3, 3}, at::kDouble);
+  zero_column.select(1, 1).zero_();
+  CHECK_FALSE(neml2::detail::lu_factor(zero_column.data_ptr<double>(), 3, pivot.data()));
+  auto not_finite = at::eye(3, at::kDouble);
+  not_finite[2][2] = std::numeric_limits<double>::infinity();
+  CHECK_FALSE(neml2::detail::lu_factor(not_finite.data_ptr<double>(), 3, pivot.data()));
+}
+
+TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major blocks") {
+  // Residual groups of 3 and 2 rows, unknown groups of 2 and 3, column groups of 1 and 4.
+  at::manual_seed(5);
+  const std::int64_t rows = 6;
+  const auto a = at::randn({rows, 5, 5}, at::kDouble) + 5 * at::eye(5, at::kDouble);
+  auto c = at::randn({rows, 5, 5}, at::kDouble);
+  c.narrow(1, 3, 2).narrow(2, 1, 4).copy_(c.narrow(0, 0, 1).narrow(1, 3, 2).narrow(2, 1, 4));
+  const std::vector<std::pair<std::int64_t, std::int64_t>> r{{0, 3}, {3, 2}}, u{{0, 2}, {2, 3}},
+      g{{0, 1}, {1, 4}};
+  std::vector<at::Tensor> a_blocks, c_blocks;
+  for (const auto& [r0, rn] : r) {
+    for (const auto& [u0, un] : u)
+      a_blocks.push_back(a.narrow(1, r0, rn).narrow(2, u0, un));
+    for (const auto& [g0, gn] : g)
+      c_blocks.push_back(c.narrow(1, r0, rn).narrow(2, g0, gn));
+  }
+  a_blocks[1] = a_blocks[1].transpose(1, 2).contiguous().transpose(1, 2); // column-major
+  c_blocks[3] = c_blocks[3].narrow(0, 0, 1);                              // one for every row
+  auto expected = -at::linalg_solve(a, c);
+  test::check_close(neml2::detail::minus_solve_rows(a_blocks, c_blocks, 2), expected, "-A^-1 C",
+                    1e-12);
+
+  a_blocks[0] = a_blocks[0].clone();
+  a_blocks[2] = a_blocks[2].clone();
+  a_blocks[0][4].zero_(); // row 4's first two columns are zero: singular
+  a_blocks[2][4].zero_();
+  const auto singular = neml2::detail::minus_solve_rows(a_blocks, c_blocks, 2);
+  CHECK(at::isnan(singular[4]).all().item<bool>());
+  const auto others = at::tensor({0, 1, 2, 3, 5}, at::kLong);
+  test::check_close(singular.index_select(0, others), expected.index_select(0, others),
+                    "the other rows", 1e-12);
+}
