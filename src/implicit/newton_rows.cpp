@@ -255,8 +255,47 @@ private:
       _du.resize(static_cast<std::size_t>(size() * n));
       _slope.resize(_index.size());
     }
-    const auto step = [&](std::int64_t i, T* a, std::int64_t* pivot, const Blocks<T>& blocks) {
-      blocks.fill(i, a);
+    // Whether row i leaves at ||r|| = `norm` (finished into the result if so).
+    const auto leaves = [&](std::int64_t i, T norm) {
+      const auto row = static_cast<std::size_t>(i);
+      _norm[row] = norm;
+      bool converged = norm < _config.atol;
+      if (it == 0)
+        _r0[row] = norm;
+      else
+        converged = converged || (norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
+      if (converged || !std::isfinite(norm) || last) {
+        finish(u, i, converged);
+        return true;
+      }
+      return false;
+    };
+    std::optional<Blocks<T>> blocks;
+    if (has_a)
+      blocks.emplace(results, 0, a_blocks, residual_groups);
+    if (n == 1 && b.groups.size() == 1) { // one unknown (radial return): du = b / A
+      const auto& r = b.groups.front();
+      for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+        for (auto i = begin; i < end; ++i) {
+          const T bi = r(i, 0);
+          if (check && leaves(i, std::sqrt(bi * bi)))
+            continue;
+          if (has_a) {
+            const T a = blocks->blocks.front()(i, 0, 0);
+            if (!(std::abs(a) > 0) || !std::isfinite(a)) { // lu_factor's test
+              finish(u, i, false);
+              continue;
+            }
+            _du[static_cast<std::size_t>(i)] = bi / a;
+            _slope[static_cast<std::size_t>(i)] = bi * (bi / a);
+          }
+          _keep[static_cast<std::size_t>(i)] = 1;
+        }
+      });
+      return std::count(_keep.begin(), _keep.end(), 1);
+    }
+    const auto step = [&](std::int64_t i, T* a, std::int64_t* pivot) {
+      blocks->fill(i, a);
       T* x = _du.data() + i * n;
       b.copy(i, x);
       if (!lu_factor(a, n, pivot))
@@ -272,53 +311,42 @@ private:
       }
       return true;
     };
-    std::optional<Blocks<T>> blocks;
-    if (has_a)
-      blocks.emplace(results, 0, a_blocks, residual_groups);
     for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
       std::vector<T> a(static_cast<std::size_t>(n * n));
       std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
       for (auto i = begin; i < end; ++i) {
-        const auto row = static_cast<std::size_t>(i);
-        if (check) {
-          const T norm = b.norm(i);
-          _norm[row] = norm;
-          bool converged = norm < _config.atol;
-          if (it == 0)
-            _r0[row] = norm;
-          else
-            converged =
-                converged || (norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
-          if (converged || !std::isfinite(norm) || last) {
-            finish(u, i, converged);
-            continue;
-          }
-        }
-        if (has_a && !step(i, a.data(), pivot.data(), *blocks)) {
+        if (check && leaves(i, b.norm(i)))
+          continue;
+        if (has_a && !step(i, a.data(), pivot.data())) {
           finish(u, i, false);
           continue;
         }
-        _keep[row] = 1;
+        _keep[static_cast<std::size_t>(i)] = 1;
       }
     });
     return std::count(_keep.begin(), _keep.end(), 1);
   }
 
-  // The working set becomes its rows with `_keep` set, in order; with `move`, each takes
-  // its full step (u += du).
+  // The working set becomes its rows with `_keep` set, in order (gathered into new tensors
+  // when some left); with `move`, each takes its full step (u += du).
   void advance(bool move) {
+    const auto m = std::count(_keep.begin(), _keep.end(), 1);
+    const auto n = _n;
+    if (m == size()) { // every row stays: the step in place, nothing gathered
+      if (move)
+        step_in_place();
+      return;
+    }
     std::vector<std::int64_t> from;
+    from.reserve(static_cast<std::size_t>(m));
     for (std::int64_t i = 0; i < size(); ++i)
       if (_keep[static_cast<std::size_t>(i)] != 0)
         from.push_back(i);
-    const auto m = static_cast<std::int64_t>(from.size());
-    const bool same = m == size();
-    const auto n = _n;
-    auto u = same ? _u : empty_like_rows(_u, m);
-    auto g = same ? _g : empty_like_rows(_g, m);
+    auto u = empty_like_rows(_u, m);
+    auto g = empty_like_rows(_g, m);
     const Groups<T> old_u(_u), new_u(u), old_g(_g), new_g(g);
     std::vector<std::int64_t> index(from.size());
-    const bool carry_step = _search && !same; // the line search takes du and <b, du> later
+    const bool carry_step = _search; // the line search takes du and <b, du> later
     std::vector<T> r0(from.size()), norm(from.size()), slope(from.size()),
         du(carry_step ? from.size() * static_cast<std::size_t>(n) : 0);
     std::vector<std::uint8_t> gate_ok(from.size());
@@ -335,12 +363,10 @@ private:
           new_u.write(j, x.data());
           gate_ok[to] = gate(step, x.data());
         } else {
-          if (!same)
-            new_u.copy_row(j, old_u, i);
+          new_u.copy_row(j, old_u, i);
           gate_ok[to] = _gate_ok[at];
         }
-        if (!same)
-          new_g.copy_row(j, old_g, i);
+        new_g.copy_row(j, old_g, i);
         if (carry_step && !_du.empty()) {
           std::copy_n(_du.data() + i * n, n, du.data() + j * n);
           slope[to] = _slope[at];
@@ -360,6 +386,33 @@ private:
       _du = std::move(du);
       _slope = std::move(slope);
     }
+  }
+
+  // u += du for every row of the working set, group by group (the gate's norms only while
+  // substepping).
+  void step_in_place() {
+    const auto n = _n;
+    std::int64_t first = 0;
+    for (const auto& group : _u) {
+      auto* u = group.data_ptr<T>();
+      const auto width = group.size(1);
+      for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+        for (auto i = begin; i < end; ++i)
+          for (std::int64_t k = 0; k < width; ++k)
+            u[i * width + k] += _du[static_cast<std::size_t>(i * n + first + k)];
+      });
+      first += width;
+    }
+    if (!_gate)
+      return;
+    const Groups<T> u(_u);
+    for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+      std::vector<T> x(static_cast<std::size_t>(n));
+      for (auto i = begin; i < end; ++i) {
+        u.read(i, x.data());
+        _gate_ok[static_cast<std::size_t>(i)] = gate(_du.data() + i * n, x.data());
+      }
+    });
   }
 
   // NEML2's gate on the relative test while substepping: ||du|| < substep_del_tol
