@@ -87,7 +87,7 @@ void measure(benchmark::State& state, Model& model, const std::map<std::string, 
     else
       benchmark::DoNotOptimize(model.forward(x));
   };
-  for (int i = 0; i < (state.range(0) >= (1 << 18) ? 1 : 5); ++i)
+  for (int i = 0; i < (state.range(0) >= (1 << 14) ? 1 : 5); ++i)
     call();
   for (auto _ : state)
     call();

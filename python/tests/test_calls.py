@@ -184,6 +184,15 @@ def test_implicit_model_and_solver_config_match_eager():
         for i, block in blocks.items():
             check_close(block, eager_J[o][i], f"implicit J[{o}][{i}] vs eager", rtol=1e-7)
 
+    # The tensor path (accelerators') from Python too: the same rows, against eager.
+    assert config.row_pass
+    config.row_pass = False
+    model.set_solver_config(config)
+    assert not model.solver_config().row_pass
+    tensor_path = model.forward(inputs)
+    check_maps(tensor_path, {n: expected[n] for n in out}, "tensor path vs eager", rtol=1e-8)
+    config.row_pass = True
+
     config.miters = 0
     with pytest.raises(nd.FatalError, match="miters is 0; it must be >= 1"):
         model.set_solver_config(config)

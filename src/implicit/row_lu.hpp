@@ -31,10 +31,12 @@ bool lu_factor(T* a, std::int64_t n, std::int64_t* pivot) {
       for (std::int64_t j = 0; j < n; ++j)
         std::swap(a[k * n + j], a[p * n + j]);
     const T inverse = 1 / a[k * n + k];
+    const T* __restrict pivot_row = a + k * n;
     for (std::int64_t i = k + 1; i < n; ++i) {
-      const T l = a[i * n + k] *= inverse;
+      T* __restrict row = a + i * n; // another row than the pivot's: no aliasing
+      const T l = row[k] *= inverse;
       for (std::int64_t j = k + 1; j < n; ++j)
-        a[i * n + j] -= l * a[k * n + j];
+        row[j] -= l * pivot_row[j];
     }
   }
   return true;

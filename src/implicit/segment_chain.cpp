@@ -170,17 +170,18 @@ GraphFn dense_ift(const ImplicitSegment& seg, std::size_t a_blocks) {
 }
 
 // Whether every value of the CPU double tensor `t` is finite, read in place when it is
-// dense (in any order of its axes): the exponent bits of each value, or-ed (vectorized).
+// dense (in any order of its axes): the exponent bits of each value (vectorized).
 bool all_finite(const at::Tensor& t) {
   if (!t.is_non_overlapping_and_dense())
     return at::isfinite(t).all().item<bool>();
   const auto* bits = static_cast<const std::uint64_t*>(t.data_ptr());
   const auto count = t.numel();
-  constexpr std::uint64_t exponent = 0x7ffULL << 52;
-  std::uint64_t bad = 0;
+  // The exponent field plus one carries into the sign bit only when it is all ones.
+  constexpr std::uint64_t exponent = 0x7ffULL << 52, one = 1ULL << 52;
+  std::uint64_t carries = 0;
   for (std::int64_t k = 0; k < count; ++k)
-    bad |= static_cast<std::uint64_t>((bits[k] & exponent) == exponent);
-  return bad == 0;
+    carries |= (bits[k] & exponent) + one;
+  return (carries >> 63) == 0;
 }
 
 // Clears `finite[r]` where row r of the `(rows, n)` `t` has a value that is not finite: on
