@@ -12,20 +12,20 @@
 #include <optional>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include "implicit/row_lu.hpp"
+#include "implicit/row_ranges.hpp"
 
 namespace neml2::detail {
 namespace {
 
-// Rows per task of a pass (at::parallel_for: one OpenMP team over the intra-op threads; a
-// smaller working set runs on the calling thread).
+// Rows per task of a pass (for_row_ranges; a smaller working set runs on the calling
+// thread).
 constexpr std::int64_t grain = 256;
 
 template <class F>
-void for_row_ranges(std::int64_t rows, const F& f) {
-  at::parallel_for(0, rows, grain, f);
+void for_rows(std::int64_t rows, const F& f) {
+  for_row_ranges(rows, grain, f);
 }
 
 template <class T>
@@ -275,7 +275,7 @@ private:
       blocks.emplace(results, 0, a_blocks, residual_groups);
     if (n == 1 && b.groups.size() == 1) { // one unknown (radial return): du = b / A
       const auto& r = b.groups.front();
-      for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+      for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
         for (auto i = begin; i < end; ++i) {
           const T bi = r(i, 0);
           if (check && leaves(i, std::sqrt(bi * bi)))
@@ -311,7 +311,7 @@ private:
       }
       return true;
     };
-    for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+    for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
       std::vector<T> a(static_cast<std::size_t>(n * n));
       std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
       for (auto i = begin; i < end; ++i) {
@@ -350,7 +350,7 @@ private:
     std::vector<T> r0(from.size()), norm(from.size()), slope(from.size()),
         du(carry_step ? from.size() * static_cast<std::size_t>(n) : 0);
     std::vector<std::uint8_t> gate_ok(from.size());
-    for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+    for_rows(m, [&](std::int64_t begin, std::int64_t end) {
       std::vector<T> x(static_cast<std::size_t>(n));
       for (auto j = begin; j < end; ++j) {
         const auto i = from[static_cast<std::size_t>(j)];
@@ -396,7 +396,7 @@ private:
     for (const auto& group : _u) {
       auto* u = group.data_ptr<T>();
       const auto width = group.size(1);
-      for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+      for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
         for (auto i = begin; i < end; ++i)
           for (std::int64_t k = 0; k < width; ++k)
             u[i * width + k] += _du[static_cast<std::size_t>(i * n + first + k)];
@@ -406,7 +406,7 @@ private:
     if (!_gate)
       return;
     const Groups<T> u(_u);
-    for_row_ranges(size(), [&](std::int64_t begin, std::int64_t end) {
+    for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
       std::vector<T> x(static_cast<std::size_t>(n));
       for (auto i = begin; i < end; ++i) {
         u.read(i, x.data());
@@ -433,7 +433,7 @@ private:
     for (std::int64_t trial = 1; trial < _config.ls_max_iters; ++trial) {
       auto moved = empty_like_rows(_u, m);
       const Groups<T> to(moved);
-      for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+      for_rows(m, [&](std::int64_t begin, std::int64_t end) {
         std::vector<T> x(static_cast<std::size_t>(n));
         for (auto j = begin; j < end; ++j) {
           u.read(j, x.data());
@@ -443,7 +443,7 @@ private:
         }
       });
       const Residual<T> b(_graphs.residual(graph_args(moved, _g, _params)), 0);
-      for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+      for_rows(m, [&](std::int64_t begin, std::int64_t end) {
         for (auto j = begin; j < end; ++j) {
           const auto row = static_cast<std::size_t>(j);
           const T nb = std::pow(b.norm(j), 2), nb0 = _norm[row] * _norm[row];
@@ -460,7 +460,7 @@ private:
         if (settled[j] == 0)
           alpha[j] /= _config.ls_cutback;
     }
-    for_row_ranges(m, [&](std::int64_t begin, std::int64_t end) {
+    for_rows(m, [&](std::int64_t begin, std::int64_t end) {
       std::vector<T> x(static_cast<std::size_t>(n)), step(static_cast<std::size_t>(n));
       for (auto j = begin; j < end; ++j) {
         const auto row = static_cast<std::size_t>(j);
@@ -506,7 +506,7 @@ at::Tensor minus_solve(const std::vector<at::Tensor>& a_blocks,
   const auto n = a.height, m = c.width;
   auto out = at::empty({rows, n, m}, a.blocks.front().tensor.options());
   T* x = out.template data_ptr<T>();
-  for_row_ranges(rows, [&](std::int64_t begin, std::int64_t end) {
+  for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
     std::vector<T> lu(static_cast<std::size_t>(n * n));
     std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
     for (auto i = begin; i < end; ++i) {

@@ -11,13 +11,13 @@
 #include <map>
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <fmt/format.h>
 
 #include <neml2/errors.hpp>
 
 #include "graph/graph.hpp"
 #include "implicit/newton_rows.hpp"
+#include "implicit/row_ranges.hpp"
 
 namespace neml2::detail {
 namespace {
@@ -49,7 +49,7 @@ at::Tensor rows_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tenso
   auto* po = out.data_ptr<double>();
   const auto as0 = a.size(0) == 1 ? 0 : a.stride(0), as1 = a.stride(1), as2 = a.stride(2);
   const auto bs0 = b.size(0) == 1 ? 0 : b.stride(0), bs1 = b.stride(1), bs2 = b.stride(2);
-  at::parallel_for(0, rows, 256, [&](std::int64_t begin, std::int64_t end) {
+  for_row_ranges(rows, 256, [&](std::int64_t begin, std::int64_t end) {
     for (auto i = begin; i < end; ++i)
       for (std::int64_t r = 0; r < n; ++r) {
         double* o = po + (i * n + r) * m;
@@ -192,7 +192,7 @@ void host_finite_rows(const at::Tensor& t, bool* finite) {
   const auto dense = t.contiguous();
   const auto* data = dense.data_ptr<double>();
   const auto width = dense.size(1);
-  at::parallel_for(0, dense.size(0), 2048, [&](std::int64_t begin, std::int64_t end) {
+  for_row_ranges(dense.size(0), 2048, [&](std::int64_t begin, std::int64_t end) {
     for (auto r = begin; r < end; ++r) {
       bool all = true;
       for (std::int64_t k = 0; k < width; ++k) // x - x is 0 unless x is inf or NaN
