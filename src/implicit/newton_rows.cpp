@@ -28,23 +28,21 @@ void for_rows(std::int64_t rows, const F& f) {
   for_row_ranges(rows, grain, f);
 }
 
-template <class T>
+// The row pass runs in double (runs_on_rows); a result in another type is converted.
 at::Tensor typed(const at::Tensor& t) {
-  constexpr auto type = c10::CppTypeToScalarType<T>::value;
-  return t.scalar_type() == type ? t : t.to(type);
+  return t.scalar_type() == at::kDouble ? t : t.to(at::kDouble);
 }
 
 // A graph's result read in place: `(rows, n)` or `(rows, n_r, n_c)`, any strides (results
 // can come back column-major), a batch of 1 standing for every row.
-template <class T>
 struct View {
   at::Tensor tensor; // kept alive
-  const T* data;
+  const double* data;
   std::int64_t row, stride1, stride2 = 0, size1, size2 = 1;
 
   explicit View(const at::Tensor& t)
-      : tensor(typed<T>(t))
-      , data(tensor.data_ptr<T>())
+      : tensor(typed(t))
+      , data(tensor.data_ptr<double>())
       , row(tensor.size(0) == 1 ? 0 : tensor.stride(0))
       , stride1(tensor.stride(1))
       , size1(tensor.size(1)) {
@@ -53,16 +51,15 @@ struct View {
       size2 = tensor.size(2);
     }
   }
-  T operator()(std::int64_t i, std::int64_t r, std::int64_t c = 0) const {
+  double operator()(std::int64_t i, std::int64_t r, std::int64_t c = 0) const {
     return data[i * row + r * stride1 + c * stride2];
   }
 };
 
 // Row i's matrix (n x n) and right-hand sides (n x m) from their blocks: residual groups
 // outer, unknown (or column) groups inner.
-template <class T>
 struct Blocks {
-  std::vector<View<T>> blocks;
+  std::vector<View> blocks;
   std::size_t column_groups;
   std::vector<std::int64_t> row_at, column_at; // first row / column of each group
   std::int64_t height = 0, width = 0;
@@ -81,7 +78,7 @@ struct Blocks {
       width += blocks[c].size2;
     }
   }
-  void fill(std::int64_t i, T* out) const {
+  void fill(std::int64_t i, double* out) const {
     for (std::size_t r = 0; r < row_at.size(); ++r)
       for (std::size_t c = 0; c < column_groups; ++c) {
         const auto& b = blocks[r * column_groups + c];
@@ -93,54 +90,51 @@ struct Blocks {
 };
 
 // b = -r per residual group: each row's ||b||, and <b, x>.
-template <class T>
 struct Residual {
-  std::vector<View<T>> groups;
+  std::vector<View> groups;
 
   Residual(const std::vector<at::Tensor>& tensors, std::size_t first) {
     for (auto k = first; k < tensors.size(); ++k)
       groups.emplace_back(tensors[k]);
   }
-  T norm(std::int64_t i) const {
-    T squares = 0;
+  double norm(std::int64_t i) const {
+    double squares = 0;
     for (const auto& g : groups)
       for (std::int64_t x = 0; x < g.size1; ++x)
         squares += g(i, x) * g(i, x);
     return std::sqrt(squares);
   }
-  void copy(std::int64_t i, T* out) const {
+  void copy(std::int64_t i, double* out) const {
     for (const auto& g : groups)
       for (std::int64_t x = 0; x < g.size1; ++x)
         *out++ = g(i, x);
   }
 };
 
-template <class T>
-T norm(const T* x, std::int64_t n) {
-  T squares = 0;
+double norm(const double* x, std::int64_t n) {
+  double squares = 0;
   for (std::int64_t k = 0; k < n; ++k)
     squares += x[k] * x[k];
   return std::sqrt(squares);
 }
 
 // Pointers to the rows of `(rows, width)` contiguous tensors.
-template <class T>
 struct Groups {
-  std::vector<T*> data;
+  std::vector<double*> data;
   std::vector<std::int64_t> width;
 
   explicit Groups(const std::vector<at::Tensor>& tensors) {
     for (const auto& t : tensors) {
-      data.push_back(t.data_ptr<T>());
+      data.push_back(t.data_ptr<double>());
       width.push_back(t.size(1));
     }
   }
   // Row i of every group, packed side by side, into `out`.
-  void read(std::int64_t i, T* out) const {
+  void read(std::int64_t i, double* out) const {
     for (std::size_t k = 0; k < data.size(); ++k)
       out = std::copy_n(data[k] + i * width[k], width[k], out);
   }
-  void write(std::int64_t i, const T* in) const {
+  void write(std::int64_t i, const double* in) const {
     for (std::size_t k = 0; k < data.size(); ++k) {
       std::copy_n(in, width[k], data[k] + i * width[k]);
       in += width[k];
@@ -159,7 +153,6 @@ std::vector<at::Tensor> empty_like_rows(const std::vector<at::Tensor>& like, std
   return out;
 }
 
-template <class T>
 class RowNewton {
 public:
   RowNewton(const NewtonGraphs& graphs, const std::vector<at::Tensor>& params,
@@ -174,11 +167,11 @@ public:
     const auto rows = u0.front().size(0);
     for (auto& t : u0) {
       // Ours to update: a guess may be a view of the caller's input.
-      _u.push_back(typed<T>(t).reshape({rows, -1}).clone(at::MemoryFormat::Contiguous));
+      _u.push_back(typed(t).reshape({rows, -1}).clone(at::MemoryFormat::Contiguous));
       _n += _u.back().size(1);
     }
     for (const auto& g : givens)
-      _g.push_back(typed<T>(g).reshape({rows, -1}).contiguous());
+      _g.push_back(typed(g).reshape({rows, -1}).contiguous());
     _index.resize(static_cast<std::size_t>(rows));
     std::iota(_index.begin(), _index.end(), 0);
     _r0.resize(_index.size());
@@ -189,8 +182,8 @@ public:
     result.u = empty_like_rows(_u, rows);
     result.norm = at::empty({rows}, _u.front().options());
     result.converged = at::empty({rows}, _u.front().options().dtype(at::kBool));
-    _out = std::make_unique<Groups<T>>(result.u);
-    _out_norm = result.norm.data_ptr<T>();
+    _out = std::make_unique<Groups>(result.u);
+    _out_norm = result.norm.data_ptr<double>();
     _out_converged = result.converged.data_ptr<bool>();
     if (rows == 0)
       return result;
@@ -215,15 +208,14 @@ public:
       results = _graphs.jacobian(graph_args(_u, _g, _params));
     }
 
-    T worst = 0;
+    double worst = 0;
     bool not_finite = false;
     for (std::int64_t r = 0; r < rows; ++r)
       if (!_out_converged[r]) {
         not_finite = not_finite || !std::isfinite(_out_norm[r]);
         worst = std::max(worst, _out_norm[r]);
       }
-    result.worst_residual =
-        not_finite ? std::numeric_limits<double>::quiet_NaN() : static_cast<double>(worst);
+    result.worst_residual = not_finite ? std::numeric_limits<double>::quiet_NaN() : worst;
     return result;
   }
 
@@ -231,7 +223,7 @@ private:
   std::int64_t size() const { return static_cast<std::int64_t>(_index.size()); }
 
   // Row i leaves the working set: its unknowns, norm and flag into the batch's result.
-  void finish(const Groups<T>& u, std::int64_t i, bool converged) {
+  void finish(const Groups& u, std::int64_t i, bool converged) {
     const auto row = _index[static_cast<std::size_t>(i)];
     _out->copy_row(row, u, i);
     _out_norm[row] = _norm[static_cast<std::size_t>(i)];
@@ -245,10 +237,10 @@ private:
   std::int64_t pass(const std::vector<at::Tensor>& results, bool has_a, std::int64_t it,
                     bool check) {
     const auto a_blocks = has_a ? _graphs.a_blocks : 0;
-    const Residual<T> b(results, a_blocks);
+    const Residual b(results, a_blocks);
     const auto residual_groups = results.size() - a_blocks;
     const bool last = it + 1 >= _config.miters;
-    const Groups<T> u(_u);
+    const Groups u(_u);
     const auto n = _n;
     _keep.assign(_index.size(), 0);
     if (has_a) {
@@ -256,7 +248,7 @@ private:
       _slope.resize(_index.size());
     }
     // Whether row i leaves at ||r|| = `norm` (finished into the result if so).
-    const auto leaves = [&](std::int64_t i, T norm) {
+    const auto leaves = [&](std::int64_t i, double norm) {
       const auto row = static_cast<std::size_t>(i);
       _norm[row] = norm;
       bool converged = norm < _config.atol;
@@ -270,18 +262,18 @@ private:
       }
       return false;
     };
-    std::optional<Blocks<T>> blocks;
+    std::optional<Blocks> blocks;
     if (has_a)
       blocks.emplace(results, 0, a_blocks, residual_groups);
     if (n == 1 && b.groups.size() == 1) { // one unknown (radial return): du = b / A
       const auto& r = b.groups.front();
       for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
         for (auto i = begin; i < end; ++i) {
-          const T bi = r(i, 0);
+          const double bi = r(i, 0);
           if (check && leaves(i, std::sqrt(bi * bi)))
             continue;
           if (has_a) {
-            const T a = blocks->blocks.front()(i, 0, 0);
+            const double a = blocks->blocks.front()(i, 0, 0);
             if (!(std::abs(a) > 0) || !std::isfinite(a)) { // lu_factor's test
               finish(u, i, false);
               continue;
@@ -294,15 +286,15 @@ private:
       });
       return std::count(_keep.begin(), _keep.end(), 1);
     }
-    const auto step = [&](std::int64_t i, T* a, std::int64_t* pivot) {
+    const auto step = [&](std::int64_t i, double* a, std::int64_t* pivot) {
       blocks->fill(i, a);
-      T* x = _du.data() + i * n;
+      double* x = _du.data() + i * n;
       b.copy(i, x);
       if (!lu_factor(a, n, pivot))
         return false;
       lu_solve(a, pivot, n, x, 1);
       if (_search) {
-        T dot = 0;
+        double dot = 0;
         std::int64_t k = 0;
         for (const auto& g : b.groups)
           for (std::int64_t r = 0; r < g.size1; ++r)
@@ -312,7 +304,7 @@ private:
       return true;
     };
     for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
-      std::vector<T> a(static_cast<std::size_t>(n * n));
+      std::vector<double> a(static_cast<std::size_t>(n * n));
       std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
       for (auto i = begin; i < end; ++i) {
         if (check && leaves(i, b.norm(i)))
@@ -344,20 +336,20 @@ private:
         from.push_back(i);
     auto u = empty_like_rows(_u, m);
     auto g = empty_like_rows(_g, m);
-    const Groups<T> old_u(_u), new_u(u), old_g(_g), new_g(g);
+    const Groups old_u(_u), new_u(u), old_g(_g), new_g(g);
     std::vector<std::int64_t> index(from.size());
     const bool carry_step = _search; // the line search takes du and <b, du> later
-    std::vector<T> r0(from.size()), norm(from.size()), slope(from.size()),
+    std::vector<double> r0(from.size()), norm(from.size()), slope(from.size()),
         du(carry_step ? from.size() * static_cast<std::size_t>(n) : 0);
     std::vector<std::uint8_t> gate_ok(from.size());
     for_rows(m, [&](std::int64_t begin, std::int64_t end) {
-      std::vector<T> x(static_cast<std::size_t>(n));
+      std::vector<double> x(static_cast<std::size_t>(n));
       for (auto j = begin; j < end; ++j) {
         const auto i = from[static_cast<std::size_t>(j)];
         const auto to = static_cast<std::size_t>(j), at = static_cast<std::size_t>(i);
         if (move) {
           old_u.read(i, x.data());
-          const T* step = _du.data() + i * n;
+          const double* step = _du.data() + i * n;
           for (std::int64_t k = 0; k < n; ++k)
             x[static_cast<std::size_t>(k)] += step[k];
           new_u.write(j, x.data());
@@ -394,7 +386,7 @@ private:
     const auto n = _n;
     std::int64_t first = 0;
     for (const auto& group : _u) {
-      auto* u = group.data_ptr<T>();
+      auto* u = group.data_ptr<double>();
       const auto width = group.size(1);
       for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
         for (auto i = begin; i < end; ++i)
@@ -405,9 +397,9 @@ private:
     }
     if (!_gate)
       return;
-    const Groups<T> u(_u);
+    const Groups u(_u);
     for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
-      std::vector<T> x(static_cast<std::size_t>(n));
+      std::vector<double> x(static_cast<std::size_t>(n));
       for (auto i = begin; i < end; ++i) {
         u.read(i, x.data());
         _gate_ok[static_cast<std::size_t>(i)] = gate(_du.data() + i * n, x.data());
@@ -417,7 +409,7 @@ private:
 
   // NEML2's gate on the relative test while substepping: ||du|| < substep_del_tol
   // (||u|| + atol) at the updated u (the step taken, alpha du with a line search).
-  std::uint8_t gate(const T* du, const T* u) const {
+  std::uint8_t gate(const double* du, const double* u) const {
     return !_gate || norm(du, _n) < _config.substep_del_tol * (norm(u, _n) + _config.atol) ? 1 : 0;
   }
 
@@ -427,14 +419,14 @@ private:
     const auto m = size();
     const auto n = _n;
     const bool strong_wolfe = _config.ls_type == "STRONG_WOLFE";
-    std::vector<T> alpha(_index.size(), 1);
+    std::vector<double> alpha(_index.size(), 1);
     std::vector<std::uint8_t> settled(_index.size(), 0);
-    const Groups<T> u(_u);
+    const Groups u(_u);
     for (std::int64_t trial = 1; trial < _config.ls_max_iters; ++trial) {
       auto moved = empty_like_rows(_u, m);
-      const Groups<T> to(moved);
+      const Groups to(moved);
       for_rows(m, [&](std::int64_t begin, std::int64_t end) {
-        std::vector<T> x(static_cast<std::size_t>(n));
+        std::vector<double> x(static_cast<std::size_t>(n));
         for (auto j = begin; j < end; ++j) {
           u.read(j, x.data());
           for (std::int64_t k = 0; k < n; ++k)
@@ -442,13 +434,13 @@ private:
           to.write(j, x.data());
         }
       });
-      const Residual<T> b(_graphs.residual(graph_args(moved, _g, _params)), 0);
+      const Residual b(_graphs.residual(graph_args(moved, _g, _params)), 0);
       for_rows(m, [&](std::int64_t begin, std::int64_t end) {
         for (auto j = begin; j < end; ++j) {
           const auto row = static_cast<std::size_t>(j);
-          const T nb = std::pow(b.norm(j), 2), nb0 = _norm[row] * _norm[row];
-          const T crit = strong_wolfe ? (1 - _config.ls_c * alpha[row]) * nb0
-                                      : nb0 - 2 * _config.ls_c * alpha[row] * _slope[row];
+          const double nb = std::pow(b.norm(j), 2), nb0 = _norm[row] * _norm[row];
+          const double crit = strong_wolfe ? (1 - _config.ls_c * alpha[row]) * nb0
+                                           : nb0 - 2 * _config.ls_c * alpha[row] * _slope[row];
           settled[row] =
               settled[row] != 0 || nb <= crit || nb <= _config.atol * _config.atol ? 1 : 0;
         }
@@ -461,7 +453,7 @@ private:
           alpha[j] /= _config.ls_cutback;
     }
     for_rows(m, [&](std::int64_t begin, std::int64_t end) {
-      std::vector<T> x(static_cast<std::size_t>(n)), step(static_cast<std::size_t>(n));
+      std::vector<double> x(static_cast<std::size_t>(n)), step(static_cast<std::size_t>(n));
       for (auto j = begin; j < end; ++j) {
         const auto row = static_cast<std::size_t>(j);
         u.read(j, x.data());
@@ -486,44 +478,13 @@ private:
   std::vector<at::Tensor> _u, _g;
   std::int64_t _n = 0;
   std::vector<std::int64_t> _index;
-  std::vector<T> _r0, _norm, _du, _slope;
+  std::vector<double> _r0, _norm, _du, _slope;
   std::vector<std::uint8_t> _gate_ok, _keep;
 
-  std::unique_ptr<Groups<T>> _out;
-  T* _out_norm = nullptr;
+  std::unique_ptr<Groups> _out;
+  double* _out_norm = nullptr;
   bool* _out_converged = nullptr;
 };
-
-template <class T>
-at::Tensor minus_solve(const std::vector<at::Tensor>& a_blocks,
-                       const std::vector<at::Tensor>& c_blocks, std::size_t residual_groups) {
-  std::int64_t rows = 1;
-  for (const auto* list : {&a_blocks, &c_blocks})
-    for (const auto& t : *list)
-      rows = std::max(rows, t.size(0));
-  const Blocks<T> a(a_blocks, 0, a_blocks.size(), residual_groups),
-      c(c_blocks, 0, c_blocks.size(), residual_groups);
-  const auto n = a.height, m = c.width;
-  auto out = at::empty({rows, n, m}, a.blocks.front().tensor.options());
-  T* x = out.template data_ptr<T>();
-  for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<T> lu(static_cast<std::size_t>(n * n));
-    std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
-    for (auto i = begin; i < end; ++i) {
-      T* row = x + i * n * m;
-      a.fill(i, lu.data());
-      c.fill(i, row);
-      if (!lu_factor(lu.data(), n, pivot.data())) {
-        std::fill_n(row, n * m, std::numeric_limits<T>::quiet_NaN());
-        continue;
-      }
-      lu_solve(lu.data(), pivot.data(), n, row, m);
-      for (std::int64_t k = 0; k < n * m; ++k)
-        row[k] = -row[k];
-    }
-  });
-  return out;
-}
 
 } // namespace
 
@@ -539,12 +500,37 @@ NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tenso
                                const std::vector<at::Tensor>& givens,
                                const std::vector<at::Tensor>& params, const SolverConfig& config,
                                bool gate_relative) {
-  return RowNewton<double>(graphs, params, config, gate_relative).solve(std::move(u0), givens);
+  return RowNewton(graphs, params, config, gate_relative).solve(std::move(u0), givens);
 }
 
 at::Tensor minus_solve_rows(const std::vector<at::Tensor>& a_blocks,
                             const std::vector<at::Tensor>& c_blocks, std::size_t residual_groups) {
-  return minus_solve<double>(a_blocks, c_blocks, residual_groups);
+  std::int64_t rows = 1;
+  for (const auto* list : {&a_blocks, &c_blocks})
+    for (const auto& t : *list)
+      rows = std::max(rows, t.size(0));
+  const Blocks a(a_blocks, 0, a_blocks.size(), residual_groups),
+      c(c_blocks, 0, c_blocks.size(), residual_groups);
+  const auto n = a.height, m = c.width;
+  auto out = at::empty({rows, n, m}, a.blocks.front().tensor.options());
+  double* x = out.data_ptr<double>();
+  for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
+    std::vector<double> lu(static_cast<std::size_t>(n * n));
+    std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+    for (auto i = begin; i < end; ++i) {
+      double* row = x + i * n * m;
+      a.fill(i, lu.data());
+      c.fill(i, row);
+      if (!lu_factor(lu.data(), n, pivot.data())) {
+        std::fill_n(row, n * m, std::numeric_limits<double>::quiet_NaN());
+        continue;
+      }
+      lu_solve(lu.data(), pivot.data(), n, row, m);
+      for (std::int64_t k = 0; k < n * m; ++k)
+        row[k] = -row[k];
+    }
+  });
+  return out;
 }
 
 } // namespace neml2::detail
