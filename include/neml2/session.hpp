@@ -43,13 +43,15 @@ using VariablePairJacobian = std::map<std::string, TensorMap>;
 /// @endcode
 ///
 /// Thread safety: const use from several threads runs the graphs concurrently up to the
-/// session's `concurrency`, blocking beyond; `set_parameter`, writes through
-/// `named_parameters()` and `set_solver_config` must not overlap a call.
+/// session's `concurrency` (on the CPU, at least the hardware threads), blocking beyond;
+/// `set_parameter`, writes through `named_parameters()` and `set_solver_config` must not overlap a
+/// call.
 /// @see DispatchedModel, which chunks a batch over sessions.
 class Session {
 public:
   /// `concurrency`: how many calls may run the graphs at once (AOTI runners; on an
-  /// accelerator, the chunks a dispatcher keeps in flight).
+  /// accelerator, the chunks a dispatcher keeps in flight). On the CPU there are at least as
+  /// many as hardware threads, so that calls from several threads run side by side.
   Session(std::shared_ptr<const Artifact> artifact, const Device& device,
           c10::ScalarType dtype = c10::kDouble, std::size_t concurrency = 1);
   ~Session();

@@ -11,14 +11,18 @@ machine. Each figure of a round is the mean time per call over at least 0.5 s of
 statistic Google Benchmark reports); the table gives the least and the median over the
 rounds, and the ratios Python / C++ of both. Policies written in Python against the built-in
 ones give the cost of one decision taken under the GIL (a synchronous policy decides twice
-per call, an asynchronous one three times per chunk and once more to finish).
+per call, an asynchronous one three times per chunk and once more to finish). Then 1 to
+--threads Python threads calling one model at once: the calls per second of all of them
+against one thread's.
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -122,6 +126,35 @@ def policy_round(root, results):
         results.setdefault(name, []).append(per_call(lambda: model.forward({"strain": x}), 0.5))
 
 
+def threads_round(root, results, max_threads):
+    """Several Python threads calling one model at once (one intra-op thread each): the
+    time per call of all threads together, batch 1 (the binding and the GIL) and 16384."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    model = nd.load_model(root, "elasticity", nd.SyncChunking())
+    for batch in (1, 1 << 14):
+        x = {"strain": 1e-3 * torch.rand(batch, 6, dtype=torch.float64)}
+        calls = max(1, int(0.5 / per_call(lambda: model.forward(x), 0.2)))
+        for n in range(1, max_threads + 1):
+            barrier = threading.Barrier(n + 1)
+
+            def work():
+                barrier.wait()
+                for _ in range(calls):
+                    model.forward(x)
+
+            pool = [threading.Thread(target=work) for _ in range(n)]
+            for t in pool:
+                t.start()
+            barrier.wait()
+            start = time.perf_counter()
+            for t in pool:
+                t.join()
+            results.setdefault(f"threads {n}/{batch}", []).append(
+                (time.perf_counter() - start) / (n * calls))
+    torch.set_num_threads(before)
+
+
 def cpp_round(program, results):
     done = subprocess.run(
         [program, "--benchmark_filter=^(dispatched|prepared)/(1|1048576)/(0|16384)/",
@@ -141,6 +174,8 @@ def main():
     parser.add_argument("artifacts", type=Path)
     parser.add_argument("cpp_bench", nargs="?")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=os.cpu_count(),
+                        help="the most Python threads calling one model at once")
     args = parser.parse_args()
     root = args.artifacts / "elasticity_forward" / "elasticity"
     torch.set_num_threads(torch.get_num_threads())
@@ -148,6 +183,7 @@ def main():
     for r in range(args.rounds):
         python_round(root, results)
         policy_round(root, results)
+        threads_round(root, results, args.threads)
         if args.cpp_bench:
             cpp_round(args.cpp_bench, results)
         print(f"round {r + 1} of {args.rounds} done", file=sys.stderr)
@@ -180,6 +216,11 @@ def main():
         extra = median(py) - median(builtin)
         print(f"{py}: {median(py) / median(builtin):.3f} x {builtin} (median), "
               f"+{extra * 1e6:.1f} us per call, {extra / per * 1e6:.2f} us per decision")
+    for batch in (1, 1 << 14):
+        one = median(f"threads 1/{batch}")
+        print(f"threads calling one model, batch {batch}: " + ", ".join(
+            f"{n}: {one / median(f'threads {n}/{batch}'):.2f}x"
+            for n in range(1, args.threads + 1)) + " the calls per second of one thread")
     print(f"py forward/1 / neml2.aoti forward/1: "
           f"{median('py forward/1') / median('neml2.aoti forward/1'):.3f} (median)")
 

@@ -3,12 +3,17 @@
 // What the binding's translation units share: torch's pybind11 (its headers and its
 // at::Tensor / torch.dtype casters, from the torch wheel) and the error family.
 
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <string>
+#include <vector>
 
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <neml2/dispatch_fwd.hpp>
+#include <neml2/simulate.hpp>
 
 namespace neml2::python {
 
@@ -31,11 +36,35 @@ struct CallbackMark {
   CallbackMark& operator=(const CallbackMark&) = delete;
 };
 
+/// The name of `value`'s type, for messages.
+std::string type_name(py::handle value);
+
+/// A dict of tensors keyed by name as the library's map (the same tensors, no copy); a
+/// FatalError naming `what` for anything else.
+TensorMap to_map(py::handle value, const char* what);
+
+/// The artifact of model `name` (optional for one-model stubs) at `path`.
+std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,
+                                              const std::optional<std::string>& name);
+
+/// Devices as strings, and back.
+std::vector<std::string> device_strings(const std::vector<Device>& devices);
+std::vector<Device> devices_of(const std::vector<std::string>& names);
+
+/// tuned_policy, artifact info, the tuner and the simulator (tools.cpp).
+void bind_tools(py::module_& m);
+
 /// True for an object that declares `dispatch_mode` (a policy written in Python).
 bool is_python_policy(const py::object& policy);
 
 /// A model of `artifact` dispatched by a policy written in Python (python_policy.cpp).
 AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
                                       const py::object& policy, c10::ScalarType dtype);
+
+/// simulate() of a policy written in Python on `devices` (the GIL held throughout), as
+/// simulation_json's text.
+std::string simulate_python_policy(const py::object& policy,
+                                   const std::vector<SimulatedDevice>& devices, std::int64_t batch,
+                                   std::size_t calls);
 
 } // namespace neml2::python

@@ -27,8 +27,6 @@ namespace neml2::python {
 
 thread_local int in_callback = 0;
 
-namespace {
-
 using namespace pybind11::literals;
 
 // ------------------------------------------------------------------ tensors in and out
@@ -61,6 +59,25 @@ TensorMap to_map(py::handle value, const char* what) {
   }
   return map;
 }
+
+std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,
+                                              const std::optional<std::string>& name) {
+  return std::make_shared<const Artifact>(
+      read_artifact(name ? resolve_artifact_root(path, *name) : resolve_artifact_root(path)));
+}
+
+std::vector<std::string> device_strings(const std::vector<Device>& devices) {
+  std::vector<std::string> out;
+  for (const auto& d : devices)
+    out.push_back(d.str());
+  return out;
+}
+
+std::vector<Device> devices_of(const std::vector<std::string>& names) {
+  return {names.begin(), names.end()};
+}
+
+namespace {
 
 // A dict of dicts of tensors (Jacobian blocks J[out][in]).
 VariablePairJacobian to_blocks(py::handle value, const char* what) {
@@ -179,12 +196,6 @@ struct Prepared {
   const Model* model;
 };
 
-std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,
-                                              const std::optional<std::string>& name) {
-  return std::make_shared<const Artifact>(
-      read_artifact(name ? resolve_artifact_root(path, *name) : resolve_artifact_root(path)));
-}
-
 template <class Policy>
 bool holds(py::handle policy) {
   return py::isinstance<Policy>(policy);
@@ -228,17 +239,6 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
                    "; give a neml2_dispatch.SyncChunking or GreedyPriorityCapacity (or "
                    "tuned_policy(...) of one), or a policy written in Python (an object "
                    "with dispatch_mode, devices and the methods of its mode)");
-}
-
-std::vector<std::string> device_strings(const std::vector<Device>& devices) {
-  std::vector<std::string> out;
-  for (const auto& d : devices)
-    out.push_back(d.str());
-  return out;
-}
-
-std::vector<Device> devices_of(const std::vector<std::string>& names) {
-  return {names.begin(), names.end()};
 }
 
 // ---------------------------------------------------------------------- the bindings
@@ -555,46 +555,6 @@ void bind_model(py::module_& m) {
       "Loads model `name` from a stub (or an artifact root; the name may be left out when "
       "the stub holds one model), dispatched by `policy` (default: SyncChunking(), whole "
       "batches on the CPU), computing in `dtype`.");
-}
-
-void bind_tools(py::module_& m) {
-  m.def(
-      "tuned_policy",
-      [](py::object kind, const std::filesystem::path& tune_file, const std::filesystem::path& path,
-         std::optional<std::string> name, c10::ScalarType dtype) -> py::object {
-        const auto artifact = load_artifact(path, name);
-        if (kind.is(py::type::of<SyncChunking>())) {
-          auto p = [&] {
-            py::gil_scoped_release nogil;
-            return tuned_policy<SyncChunking>(tune_file, *artifact, dtype);
-          }();
-          return py::cast(p);
-        }
-        if (kind.is(py::type::of<GreedyPriorityCapacity>())) {
-          auto p = [&] {
-            py::gil_scoped_release nogil;
-            return tuned_policy<GreedyPriorityCapacity>(tune_file, *artifact, dtype);
-          }();
-          return py::cast(p);
-        }
-        throw FatalError("tuned_policy(): kind must be neml2_dispatch.SyncChunking or "
-                         "GreedyPriorityCapacity (the class)");
-      },
-      "kind"_a, "tune_file"_a, "path"_a, "name"_a = py::none(), "dtype"_a = c10::kDouble,
-      "A policy of class `kind` from a tune file (neml2-dispatch tune), checked against the "
-      "artifact, this machine and `dtype`.");
-  m.def(
-      "_artifact_info_json",
-      [](const std::filesystem::path& path, std::optional<std::string> name) {
-        return artifact_info_json(artifact_info(*load_artifact(path, name)));
-      },
-      "path"_a, "name"_a = py::none());
-  m.def(
-      "_artifact_info_text",
-      [](const std::filesystem::path& path, std::optional<std::string> name) {
-        return format_artifact_info(artifact_info(*load_artifact(path, name)));
-      },
-      "path"_a, "name"_a = py::none());
 }
 
 } // namespace

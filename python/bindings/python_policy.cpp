@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include <neml2/dispatch.hpp>
@@ -156,8 +157,10 @@ bool is_python_policy(const py::object& policy) {
   return py::hasattr(policy, "dispatch_mode");
 }
 
-AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
-                                      const py::object& policy, c10::ScalarType dtype) {
+namespace {
+
+// The C++ policy that holds `policy` and calls it, after checking what its mode needs.
+std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::object& policy) {
   const auto mode = py::str(policy.attr("dispatch_mode")).cast<std::string>();
   if (mode != "synchronous" && mode != "asynchronous")
     throw FatalError("a Python policy's dispatch_mode is '" + mode +
@@ -170,18 +173,38 @@ AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
     policy.attr("validate")();
   if (mode == "synchronous") {
     require(policy, "synchronous", {"compute_device", "chunk_rows"});
-    PythonSynchronousPolicy p{hold(policy), std::move(devices)};
-    py::gil_scoped_release nogil;
-    return DispatchedModel<PythonSynchronousPolicy>(std::move(artifact), std::move(p), dtype);
+    return PythonSynchronousPolicy{hold(policy), std::move(devices)};
   }
   require(policy, "asynchronous", {"next_chunk", "on_dispatched", "on_completed"});
   std::vector<std::size_t> in_flight;
   if (py::hasattr(policy, "chunks_in_flight"))
     for (std::size_t d = 0; d < devices.size(); ++d)
       in_flight.push_back(policy.attr("chunks_in_flight")(d).cast<std::size_t>());
-  PythonAsynchronousPolicy p{hold(policy), std::move(devices), std::move(in_flight)};
-  py::gil_scoped_release nogil;
-  return DispatchedModel<PythonAsynchronousPolicy>(std::move(artifact), std::move(p), dtype);
+  return PythonAsynchronousPolicy{hold(policy), std::move(devices), std::move(in_flight)};
+}
+
+} // namespace
+
+AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
+                                      const py::object& policy, c10::ScalarType dtype) {
+  return std::visit(
+      [&](auto p) {
+        py::gil_scoped_release nogil;
+        return AnyDispatchedModel(
+            DispatchedModel<decltype(p)>(std::move(artifact), std::move(p), dtype));
+      },
+      wrap(policy));
+}
+
+std::string simulate_python_policy(const py::object& policy,
+                                   const std::vector<SimulatedDevice>& devices, std::int64_t batch,
+                                   std::size_t calls) {
+  return std::visit(
+      [&](const auto& p) {
+        return simulation_json(simulate(p, devices, batch, calls),
+                               device_strings(listed_devices(p)));
+      },
+      wrap(policy));
 }
 
 } // namespace neml2::python

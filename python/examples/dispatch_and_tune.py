@@ -4,17 +4,14 @@
     python dispatch_and_tune.py STUB [--name MODEL] [--batch 262144] [--out figure.png]
 
 STUB is a `<name>_aoti.i` that neml2-compile wrote (build/artifacts/elasticity/
-elasticity_aoti.i after the main build). The tuning step runs the `neml2-dispatch tune`
-program the wheel installs (the console script), then loads its recommendation with
-neml2_dispatch.tuned_policy. The figure: throughput against chunk size from the tune
-file, and the chunks of one call on a timeline, as the observer saw them.
+elasticity_aoti.i after the main build). The tuning step sweeps chunk sizes with
+neml2_dispatch.tune, saves the tune file and loads its recommendation with
+neml2_dispatch.tuned_policy; neml2_dispatch.simulate then plans a node with GPUs from the
+CPU's curve. The figure: throughput against chunk size from the sweep, and the chunks of
+one call on a timeline, as the observer saw them.
 """
 
 import argparse
-import json
-import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,18 +40,23 @@ def main():
     print(f"forward of {args.batch} rows: {time.perf_counter() - start:.3f} s in {len(fixed)} "
           "chunks; outputs " + ", ".join(f"{n} {tuple(t.shape)}" for n, t in outputs.items()))
 
-    # 2. Tune: the program sweeps chunk sizes and writes a tune file.
-    program = shutil.which("neml2-dispatch") or str(Path(sys.executable).parent / "neml2-dispatch")
+    # 2. Tune: a sweep of chunk sizes (as `neml2-dispatch tune` does), saved as a tune file;
+    #    then a node of this CPU and two GPUs like none here, simulated from its curve.
     tune_file = Path(tempfile.mkdtemp()) / "model.tune.json"
-    command = [program, "tune", str(args.stub), "--device", "cpu", "--batch", str(args.batch),
-               "--budget", "10", "--out", str(tune_file)]
-    if args.name:
-        command += ["--model", args.name]
-    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        sys.exit(f"neml2-dispatch tune failed:\n{done.stderr}")
+    def show(device, point):
+        print(f"  {point['rows']:>8} rows: {point['median']:.3g} rows/s")
+
+    result = nd.tune(args.stub, args.name, ["cpu"], batch_rows=args.batch, budget_seconds=10,
+                     on_point=show, out=tune_file)
     tuned = nd.tuned_policy(nd.SyncChunking, tune_file, args.stub, args.name)
     print(f"tuned: {tuned}")
+    cpu = result["devices"][0]
+    gpu = {"curve": [(1024, 1e6), (65536, 2e8), (1 << 20, 1e9)], "chunk_overhead": 20e-6}
+    pool = nd.GreedyPriorityCapacity(devices=["cpu", "cuda:0", "cuda:1"],
+                                     batch_sizes=[tuned.batch_size, 65536, 65536])
+    sim = nd.simulate(pool, [cpu, gpu, gpu], 1 << 24)
+    print(f"simulated cpu + 2 GPUs, 2^24 rows: {sim['makespan'] * 1e3:.1f} ms, "
+          f"{sim['efficiency']:.0%} of ideal")
 
     # 3. Dispatch with the tuned policy, watching each chunk.
     model = nd.load_model(args.stub, args.name, tuned)
@@ -70,8 +72,7 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    sweep = sorted(json.loads(tune_file.read_text())["devices"][0]["points"],
-                   key=lambda p: p["rows"])
+    sweep = cpu["points"]  # by increasing rows
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     left.semilogx([p["rows"] for p in sweep], [p["median"] for p in sweep], "o-")
     left.axvline(tuned.batch_size, color="gray", ls="--", label=f"tuned: {tuned.batch_size}")

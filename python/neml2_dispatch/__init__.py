@@ -46,7 +46,7 @@ __all__ = [
     "AggregateError", "ChunkEvent", "ConvergenceError", "Error", "FatalError",
     "GreedyPriorityCapacity", "KrylovConfig", "Model", "PreparedCall", "SolverConfig",
     "SyncChunking", "__version__", "artifact_info", "cmake_prefix", "load_model",
-    "program", "tuned_policy",
+    "program", "simulate", "tune", "tuned_policy",
 ]
 
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
@@ -60,6 +60,31 @@ def artifact_info(path, name=None, *, text=False):
     if text:
         return _core._artifact_info_text(_os.fspath(path), name)
     return _json.loads(_core._artifact_info_json(_os.fspath(path), name))
+
+
+def tune(path, name=None, devices=("cpu",), **options):
+    """Measures throughput against rows per chunk on each device (``neml2-dispatch tune``):
+    a sweep per device through SyncChunking, then the overlap and lane tests. Returns the
+    tune file's content as a dict: ``devices[k]["points"]`` (rows, median, low, high rows/s,
+    repeats, out_of_memory) and ``recommendations`` (the policies it suggests). ``out=FILE``
+    also writes the tune file, which :func:`tuned_policy` loads. Keyword options:
+    operation ("forward", "jacobian", "param_jacobian"), dtype, batch_rows, min_rows,
+    max_rows, budget_seconds, warmup, repeats, sample (a dict of (n, ...) tensors tiled to
+    each size), ranges ({input: (low, high)}), low, high, seed, overlap_test, lane_test,
+    on_point (called as on_point(device_index, point) after each size), out. The GIL is
+    released while it measures."""
+    return _json.loads(_core._tune(_os.fspath(path), name, [str(d) for d in devices], **options))
+
+
+def simulate(policy, devices, batch, calls=1):
+    """Replays throughput curves through ``policy`` on a virtual clock (``neml2-dispatch
+    simulate``): ``calls`` calls of ``batch`` rows, the policy called as a model calls it.
+    ``devices`` holds one entry per device of the policy: a dict with ``curve`` (rows per
+    second, or (rows, rows per second) pairs by increasing rows) and optional
+    ``chunk_overhead`` and ``transfer_seconds_per_row`` seconds, or a device of a
+    :func:`tune` result. Returns a dict: makespan, ideal, efficiency, per device busy and
+    idle seconds, and the timeline of every chunk (dispatched, start, compute_start, end)."""
+    return _json.loads(_core._simulate(policy, devices, batch, calls))
 
 
 def cmake_prefix():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import neml2_dispatch as nd
-from conftest import check_close, eager, raw, scalar_inputs, stub
+from conftest import check_close, check_maps, eager, raw, scalar_inputs, stub
 
 
 def test_the_family():
@@ -136,6 +136,46 @@ def test_an_observer_that_raises_fails_the_call_with_its_message(elasticity):
     assert "no chunk 0 please" in str(e) + e.details
     model.set_observer(None)
     assert model.forward({"strain": torch.rand(9, 6)})["stress"].shape == (9, 6)
+
+
+def test_several_failing_chunks_are_one_aggregate_error_in_chunk_order(elasticity):
+    # Four chunks in flight at once (capacity 40 rows of 10), each failed by the observer.
+    model = nd.load_model(elasticity, "elasticity", nd.GreedyPriorityCapacity(
+        devices=["cpu"], batch_sizes=[10], capacities=[40]))
+
+    def observer(event):
+        raise ValueError(f"no chunk {event.index} please")
+
+    model.set_observer(observer)
+    with pytest.raises(nd.AggregateError) as caught:
+        model.forward({"strain": torch.rand(100, 6, dtype=torch.float64)})
+    e = caught.value
+    assert isinstance(e, nd.Error) and not e.recoverable
+    assert [type(part) for part in e.errors] == [nd.FatalError] * 4
+    for k, part in enumerate(e.errors):
+        assert f"no chunk {k} please" in str(part), f"part {k} is not chunk {k}: {part}"
+    assert str(e).startswith("4 errors:")
+    model.set_observer(None)
+    assert model.forward({"strain": torch.rand(100, 6, dtype=torch.float64)})["stress"].shape \
+        == (100, 6)
+
+
+def test_an_aggregate_of_convergence_errors_is_recoverable():
+    # param_vjp sums over rows: a failing row fails its chunk, not per row; two chunks fail.
+    model = nd.load_model(stub("scalar_backward_euler_params", "model"), "model",
+                          nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[2],
+                                                    capacities=[6]))
+    inputs = scalar_inputs([1.0, -50.0, 2.0, -60.0, 0.5, 3.0])
+    with pytest.raises(nd.AggregateError) as caught:
+        model.param_vjp(inputs, {"x": torch.ones(6)})
+    e = caught.value
+    assert e.recoverable
+    assert [type(part) for part in e.errors] == [nd.ConvergenceError] * 2
+    assert all("1 of 2 rows" in str(part) and part.recoverable for part in e.errors)
+    # The model stays usable: the converged rows alone, against one whole-batch call.
+    good, ones = scalar_inputs([1.0, 2.0, 0.5, 3.0]), {"x": torch.ones(4)}
+    whole = nd.load_model(stub("scalar_backward_euler_params", "model"), "model")
+    check_maps(model.param_vjp(good, ones), whole.param_vjp(good, ones), "after the failure")
 
 
 def test_an_observer_that_reconfigures_its_model_is_refused_not_a_hang(elasticity):

@@ -1,9 +1,15 @@
-"""The GIL is released for the whole of every call: another Python thread makes progress
-while a long call runs, and calls from several threads run at the same time (their
-intervals overlap) with each thread getting its own, correct results."""
+"""The GIL is released for the whole of every call: while a call runs, this thread holds
+the GIL and never hands it over (a switch interval of 1000 s), and watches the call's
+results being written into the caller's tensors. A call that kept the GIL could neither
+run nor return while this thread holds it; one that released it writes every row and then
+waits, unreturned, for the GIL. No clock decides anything: what is seen is rows written
+while the calling threads have not returned."""
 
+import ctypes
+import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -11,126 +17,142 @@ import torch
 import neml2_dispatch as nd
 from conftest import random_inputs
 
+ROWS = 4096  # chunks of one row: a call of thousands of short graph calls, all in C++
+# Samples of progress before giving up (seconds; a call of ROWS chunks takes a thousand or
+# so): a call that waits for the GIL must not hang the suite.
+MAX_SAMPLES = 200_000
+
 
 @pytest.fixture(autouse=True)
 def one_intra_op_thread():
-    # One core for the call, one for the other Python thread (the machine may have two).
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
 
 
-def long_call(model, make_call, seconds=0.3):
-    """A call of the model that takes at least `seconds`: rows doubled until it does."""
-    rows = 1024
-    while True:
-        call = make_call(model, rows)
-        start = time.perf_counter()
-        call()
-        if time.perf_counter() - start >= seconds or rows >= 1 << 22:
-            return call
-        rows *= 2
+@contextmanager
+def gil_kept_by_this_thread():
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(1000.0)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
 
 
-def forward(model, rows):
-    inputs = {"strain": torch.rand(rows, 6)}
-    return lambda: model.forward(inputs)
+class Caller:
+    """Runs `call` once on its own thread; `entered` and `returned` as seen from Python."""
+
+    def __init__(self, call):
+        self.entered = self.returned = False
+        self.error = None
+        self.thread = threading.Thread(target=self.run, args=(call,), daemon=True)
+
+    def run(self, call):
+        self.entered = True
+        try:
+            call()
+        except Exception as e:  # reported by the test
+            self.error = e
+        self.returned = True
 
 
-def jacobian(model, rows):
-    inputs = {"strain": torch.rand(rows, 6)}
-    return lambda: model.jacobian(inputs)
+def watch(callers, progress):
+    """Starts the callers, lets each into its call, then keeps the GIL until every
+    progress() reaches 1 or a caller returns. Returns (progress seen together, whether
+    every row was written while no caller had returned)."""
+    samples = []
+    with gil_kept_by_this_thread():
+        for c in callers:
+            c.thread.start()
+        while not all(c.entered for c in callers):
+            time.sleep(0)  # the one hand-over: a caller takes the GIL, enters, releases it
+        for _ in range(MAX_SAMPLES):  # from here this thread holds the GIL
+            done = [p() for p in progress]
+            samples.append(done)
+            if all(d == 1 for d in done) or any(c.returned for c in callers):
+                break
+        written_unreturned = all(d == 1 for d in samples[-1]) and not any(
+            c.returned for c in callers)
+    for c in callers:
+        c.thread.join()
+        assert c.error is None, c.error
+    return samples, written_unreturned
 
 
-def forward_into(model, rows):
-    inputs, out = {"strain": torch.rand(rows, 6)}, {"stress": torch.empty(rows, 6)}
-    return lambda: model.forward_into(inputs, out)
+def rows_written(tensor):
+    """The fraction of rows of `tensor` (zeros before the call, rows written in order) that
+    hold results. Read in pure Python (ctypes), keeping the GIL: a torch operation would
+    release it."""
+    assert tensor.is_contiguous() and tensor.dtype == torch.float64
+    per_row, rows = tensor[0].numel(), tensor.shape[0]
+    cells = (ctypes.c_double * tensor.numel()).from_address(tensor.data_ptr())
+
+    def written(r):
+        return any(cells[r * per_row + k] != 0 for k in range(per_row))
+
+    def progress():
+        low, high = 0, rows  # rows below `low` are written, `high` and above are not
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if written(mid) else (low, mid)
+        return low / rows
+
+    return progress
 
 
-def prepared(model, rows):
-    step, strain = model.prepare(), torch.rand(rows, 6)
-    return lambda: step.forward([strain])
+# Each makes its tensors first: the caller thread must run no torch operation of its own
+# (it would release the GIL, and this thread would keep it).
+
+def forward_into(model):
+    x, out = {"strain": torch.rand(ROWS, 6)}, {"stress": torch.zeros(ROWS, 6)}
+    return lambda: model.forward_into(x, out), out["stress"]
 
 
-class Spinner:
-    """Counts in pure Python on its own thread (it needs the GIL for every increment)."""
-
-    def __init__(self):
-        self.count, self.stop = 0, False
-        self.thread = threading.Thread(target=self.run, daemon=True)
-        self.thread.start()
-
-    def run(self):
-        while not self.stop:
-            self.count += 1
-
-    def rate(self, action):
-        before, start = self.count, time.perf_counter()
-        action()
-        return (self.count - before) / (time.perf_counter() - start)
-
-    def close(self):
-        self.stop = True
-        self.thread.join()
+def jacobian_into(model):
+    x = {"strain": torch.rand(ROWS, 6)}
+    out, J = {"stress": torch.zeros(ROWS, 6)}, {"stress": {"strain": torch.zeros(6, 6)}}
+    return lambda: model.jacobian_into(x, out, J), out["stress"]  # J is (6, 6): elastic
 
 
-@pytest.mark.parametrize("make_call", [forward, jacobian, forward_into, prepared])
+def jvp_into(model):
+    x, dx = {"strain": torch.rand(ROWS, 6)}, {"strain": torch.rand(ROWS, 6)}
+    out, tangent = {"stress": torch.zeros(ROWS, 6)}, {"stress": torch.zeros(ROWS, 6)}
+    return lambda: model.jvp_into(x, dx, out, tangent), tangent["stress"]
+
+
+def prepared_forward_into(model):
+    step, x, out = model.prepare(), torch.rand(ROWS, 6), torch.zeros(ROWS, 6)
+    return lambda: step.forward_into([x], [out]), out
+
+
+@pytest.mark.parametrize("make_call", [forward_into, jacobian_into, jvp_into,
+                                       prepared_forward_into])
 @pytest.mark.parametrize("policy", ["sync", "greedy"])
-def test_another_thread_progresses_during_a_call(elasticity, make_call, policy):
-    # Chunks of one row: a long call made of many short graph calls, all in C++.
+def test_a_call_runs_while_another_thread_holds_the_gil(elasticity, make_call, policy):
     p = (nd.SyncChunking(batch_size=1) if policy == "sync"
          else nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[1]))
     model = nd.load_model(elasticity, "elasticity", p)
-    call = long_call(model, make_call)
-    spinner = Spinner()
-    try:
-        seconds = time.perf_counter()
-        during = spinner.rate(call)
-        seconds = time.perf_counter() - seconds
-        free = spinner.rate(lambda: time.sleep(seconds))
-    finally:
-        spinner.close()
-    # Holding the GIL, the spinner would count only in the switch interval (5 ms) before
-    # the call took it: under 2 % of a 0.3 s call.
-    assert during >= 0.2 * free, f"{during:.3g} counts/s during the call, {free:.3g} free"
+    call, target = make_call(model)
+    samples, written_unreturned = watch([Caller(call)], [rows_written(target)])
+    assert written_unreturned, (
+        f"the call wrote {samples[-1][0]:.0%} of its rows before it returned, with this "
+        "thread holding the GIL: it kept the GIL")
 
 
-def test_calls_from_several_threads_overlap_and_get_their_own_results(elasticity):
+def test_calls_from_several_threads_run_at_once_and_get_their_own_results(elasticity):
     model = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=1))
-    threads, calls = 4, 3
-    inputs = [random_inputs(model, 4096, seed=k) for k in range(threads)]
+    threads = 3
+    inputs = [random_inputs(model, ROWS, seed=k) for k in range(threads)]
     expected = [model.forward(x)["stress"] for x in inputs]
-    intervals, results, errors = [[] for _ in range(threads)], [None] * threads, []
-    barrier = threading.Barrier(threads)
-
-    def work(k):
-        try:
-            barrier.wait()
-            for _ in range(calls):
-                start = time.perf_counter()
-                results[k] = model.forward(inputs[k])["stress"]
-                intervals[k].append((start, time.perf_counter()))
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    pool = [threading.Thread(target=work, args=(k,)) for k in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    assert not errors, errors
+    outs = [torch.zeros(ROWS, 6) for _ in range(threads)]
+    callers = [Caller(lambda k=k: model.forward_into(inputs[k], {"stress": outs[k]}))
+               for k in range(threads)]
+    samples, written_unreturned = watch(callers, [rows_written(o) for o in outs])
+    assert written_unreturned, f"rows written before the calls returned: {samples[-1]}"
+    # At some moment every call was part-way: they ran at the same time, not one by one.
+    assert any(all(0 < d < 1 for d in s) for s in samples), (
+        "no moment found with every call part-way through its rows")
     for k in range(threads):
-        assert torch.equal(results[k], expected[k]), f"thread {k} got another thread's results"
-    # Time during which at least two calls ran at once: a call that held the GIL would let
-    # no other call start, leaving none.
-    events = sorted([(s, 1) for iv in intervals for s, _ in iv] +
-                    [(e, -1) for iv in intervals for _, e in iv])
-    running, last, overlapped, busy = 0, events[0][0], 0.0, 0.0
-    for t, step in events:
-        if running >= 2:
-            overlapped += t - last
-        if running >= 1:
-            busy += t - last
-        running, last = running + step, t
-    assert overlapped >= 0.5 * busy, f"calls overlapped {overlapped:.3f} s of {busy:.3f} s"
+        assert torch.equal(outs[k], expected[k]), f"thread {k} got another thread's results"

@@ -1,5 +1,8 @@
 // One device's compiled graphs: loading them, checking calls, and calling them.
 
+#include <algorithm>
+#include <thread>
+
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -199,11 +202,14 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   auto& m = *_impl;
   m.artifact = artifact;
   m.dtype = dtype;
-  m.runners = std::max<std::size_t>(concurrency, 1);
   m.leaf = m.artifact->leaf(device, dtype);
   m.torch_device =
       detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
   m.device = Device(m.torch_device);
+  // On the CPU, calls from as many threads as the machine runs at once each get a runner
+  // (runners share the graph's constants); elsewhere, the chunks kept in flight.
+  m.runners = std::max<std::size_t>(
+      {concurrency, 1, m.device.is_accelerator() ? 1 : std::thread::hardware_concurrency()});
   const auto& a = *m.artifact;
 
   for (const auto& v : a.inputs) {
