@@ -14,6 +14,7 @@ carrying the library's message. See docs/python.md.
 
 import json as _json
 import os as _os
+from typing import Any, Mapping, Sequence  # noqa: F401  (annotations)
 
 import torch as _torch  # noqa: F401  (libtorch and torch's Python types, before the module)
 
@@ -62,7 +63,8 @@ def artifact_info(path, name=None, *, text=False):
     return _json.loads(_core._artifact_info_json(_os.fspath(path), name))
 
 
-def tune(path, name=None, devices=("cpu",), **options):
+def tune(path: "_os.PathLike | str", name: "str | None" = None,
+         devices: "Sequence[str]" = ("cpu",), **options: "Any") -> "dict[str, Any]":
     """Measures throughput against rows per chunk on each device (``neml2-dispatch tune``):
     a sweep per device through SyncChunking, then the overlap and lane tests. Returns the
     tune file's content as a dict: ``devices[k]["points"]`` (rows, median, low, high rows/s,
@@ -76,7 +78,8 @@ def tune(path, name=None, devices=("cpu",), **options):
     return _json.loads(_core._tune(_os.fspath(path), name, [str(d) for d in devices], **options))
 
 
-def simulate(policy, devices, batch, calls=1):
+def simulate(policy: "Any", devices: "Sequence[Mapping[str, Any]]", batch: int,
+             calls: int = 1) -> "dict[str, Any]":
     """Replays throughput curves through ``policy`` on a virtual clock (``neml2-dispatch
     simulate``): ``calls`` calls of ``batch`` rows, the policy called as a model calls it.
     ``devices`` holds one entry per device of the policy: a dict with ``curve`` (rows per
