@@ -563,6 +563,18 @@ TEST_CASE("tuning inputs: the caller's sample tiled, or generated within ranges"
   CHECK_THROWS_WITH_AS(
       (void)tune_inputs(artifact, {.sample = {{"strian", sample}}}, 4, "cpu", at::kDouble),
       doctest::Contains("the sample names 'strian'"), FatalError);
+  CHECK_THROWS_WITH_AS(
+      (void)tune_inputs(artifact, {.ranges = {{"strain", {1.0, 0.0}}}}, 4, "cpu", at::kDouble),
+      doctest::Contains("'strain' would be drawn from [1, 0]"), FatalError);
+  CHECK_THROWS_WITH_AS((void)tune_inputs(artifact, {.high = std::nan("")}, 4, "cpu", at::kDouble),
+                       doctest::Contains("low <= high"), FatalError);
+}
+
+TEST_CASE("tune() refuses sweep options out of range as given, before measuring") {
+  TuneOptions options;
+  options.sweep.max_rows = 0; // below min_rows: not raised to the sizes a device measures
+  CHECK_THROWS_WITH_AS((void)tune(elasticity(), {"cpu"}, options), doctest::Contains("max_rows"),
+                       FatalError);
 }
 
 TEST_CASE("the default generated inputs keep every implicit model of the repository convergent") {

@@ -13,6 +13,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include <neml2/dispatch_fwd.hpp>
+#include <neml2/errors.hpp>
 #include <neml2/simulate.hpp>
 
 namespace neml2::python {
@@ -35,6 +36,29 @@ struct CallbackMark {
   CallbackMark(const CallbackMark&) = delete;
   CallbackMark& operator=(const CallbackMark&) = delete;
 };
+
+/// A Python object the library keeps (a callback, a policy), shared by its copies and
+/// released with the GIL taken, from whichever thread lets go of it last.
+using Held = std::shared_ptr<py::object>;
+inline Held hold(py::object object) {
+  return {new py::object(std::move(object)), [](py::object* p) {
+            py::gil_scoped_acquire gil;
+            delete p;
+          }};
+}
+
+/// Runs `f` (Python code the library calls back) with the GIL taken and the thread marked
+/// as in a callback; a Python exception becomes a FatalError "<who> raised <message>".
+template <class F>
+auto run_callback(const std::string& who, F&& f) {
+  py::gil_scoped_acquire gil;
+  CallbackMark mark;
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    throw FatalError(who + " raised " + e.what());
+  }
+}
 
 /// The name of `value`'s type, for messages.
 std::string type_name(py::handle value);

@@ -143,18 +143,8 @@ py::list to_py_list(const std::vector<Shape>& shapes) {
 // runs the chunk; released under the GIL too. A Python exception becomes a C++ one (its
 // message kept), which fails the chunk as any observer error does.
 ChunkObserver as_observer(py::object callable) {
-  auto held = std::shared_ptr<py::object>(new py::object(std::move(callable)), [](py::object* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
-  return [held](const ChunkEvent& event) {
-    py::gil_scoped_acquire gil;
-    CallbackMark mark;
-    try {
-      (*held)(event);
-    } catch (py::error_already_set& e) {
-      throw FatalError("the observer raised " + std::string(e.what()));
-    }
+  return [held = hold(std::move(callable))](const ChunkEvent& event) {
+    run_callback("the observer", [&] { (*held)(event); });
   };
 }
 

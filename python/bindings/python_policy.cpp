@@ -23,16 +23,6 @@
 namespace neml2::python {
 namespace {
 
-// The Python object, shared by the model's copies of the policy; released under the GIL.
-using Held = std::shared_ptr<py::object>;
-
-Held hold(py::object object) {
-  return {new py::object(std::move(object)), [](py::object* p) {
-            py::gil_scoped_acquire gil;
-            delete p;
-          }};
-}
-
 // The result of a policy's method, checked: a FatalError names the method and what it
 // returned.
 template <class R>
@@ -73,19 +63,15 @@ std::optional<ChunkChoice> convert<std::optional<ChunkChoice>>(py::handle value,
   return ChunkChoice{static_cast<std::size_t>(device), value[py::int_(1)].cast<std::int64_t>()};
 }
 
-// Calls object.name(args...) with the GIL taken; a Python exception becomes a FatalError
-// that names the method.
+// Calls object.name(args...) as a callback: a Python exception becomes a FatalError that
+// names the method.
 template <class R, class... Args>
 R call(const Held& object, const char* name, Args&&... args) {
-  py::gil_scoped_acquire gil;
-  CallbackMark mark;
-  try {
+  return run_callback("the Python policy's " + std::string(name) + "()", [&]() -> R {
     auto result = object->attr(name)(std::forward<Args>(args)...);
     if constexpr (!std::is_void_v<R>)
       return convert<R>(result, name);
-  } catch (py::error_already_set& e) {
-    throw FatalError("the Python policy's " + std::string(name) + "() raised " + e.what());
-  }
+  });
 }
 
 std::vector<Device> devices_of(const py::object& object) {

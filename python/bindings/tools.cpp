@@ -32,20 +32,12 @@ std::function<void(std::size_t, const TunePoint&, const Sweep&)> as_on_point(py:
   if (!PyCallable_Check(callable.ptr()))
     throw FatalError("tune(): on_point is a " + type_name(callable) +
                      "; it must be callable as on_point(device_index, point) or None");
-  auto held = std::shared_ptr<py::object>(new py::object(std::move(callable)), [](py::object* p) {
-    py::gil_scoped_acquire gil;
-    delete p;
-  });
-  return [held](std::size_t device, const TunePoint& p, const Sweep&) {
-    py::gil_scoped_acquire gil;
-    CallbackMark mark;
-    try {
+  return [held = hold(std::move(callable))](std::size_t device, const TunePoint& p, const Sweep&) {
+    run_callback("tune(): the on_point callback", [&] {
       (*held)(device,
               py::dict("rows"_a = p.rows, "median"_a = p.median, "low"_a = p.low, "high"_a = p.high,
                        "repeats"_a = p.repeats, "out_of_memory"_a = p.out_of_memory));
-    } catch (py::error_already_set& e) {
-      throw FatalError("tune(): the on_point callback raised " + std::string(e.what()));
-    }
+    });
   };
 }
 
@@ -93,9 +85,9 @@ ThroughputCurve curve_of(py::handle value, const std::string& where) {
     return ThroughputCurve::constant(value.cast<double>());
   std::vector<std::pair<std::int64_t, double>> points;
   try {
-    for (const auto& point : py::reinterpret_borrow<py::sequence>(value))
+    for (const auto& point : py::reinterpret_borrow<py::iterable>(value))
       points.push_back(point.cast<std::pair<std::int64_t, double>>());
-  } catch (const py::cast_error&) {
+  } catch (const std::exception&) { // not iterable, or an item that is not a pair
     throw FatalError(where + " is " + py::repr(value).cast<std::string>() +
                      "; give rows per second (a number) or (rows, rows per second) pairs");
   }

@@ -64,18 +64,30 @@ def artifact_info(path, name=None, *, text=False):
 
 
 def tune(path: "_os.PathLike | str", name: "str | None" = None,
-         devices: "Sequence[str]" = ("cpu",), **options: "Any") -> "dict[str, Any]":
+         devices: "str | Sequence[str]" = ("cpu",), *, operation: str = "forward",
+         dtype: "_torch.dtype" = _torch.float64, batch_rows: int = 1 << 16, min_rows: int = 1,
+         max_rows: int = 1 << 22, budget_seconds: float = 30.0, warmup: int = 1,
+         repeats: int = 5, sample: "Mapping[str, Any] | None" = None,
+         ranges: "Mapping[str, tuple[float, float]] | None" = None, low: float = 1e-4,
+         high: float = 1e-3, seed: int = 0, overlap_test: bool = True, lane_test: bool = True,
+         on_point: "Any" = None, out: "_os.PathLike | str | None" = None) -> "dict[str, Any]":
     """Measures throughput against rows per chunk on each device (``neml2-dispatch tune``):
     a sweep per device through SyncChunking, then the overlap and lane tests. Returns the
     tune file's content as a dict: ``devices[k]["points"]`` (rows, median, low, high rows/s,
     repeats, out_of_memory) and ``recommendations`` (the policies it suggests). ``out=FILE``
-    also writes the tune file, which :func:`tuned_policy` loads. Keyword options:
-    operation ("forward", "jacobian", "param_jacobian"), dtype, batch_rows, min_rows,
-    max_rows, budget_seconds, warmup, repeats, sample (a dict of (n, ...) tensors tiled to
-    each size), ranges ({input: (low, high)}), low, high, seed, overlap_test, lane_test,
-    on_point (called as on_point(device_index, point) after each size), out. The GIL is
-    released while it measures."""
-    return _json.loads(_core._tune(_os.fspath(path), name, [str(d) for d in devices], **options))
+    also writes the tune file, which :func:`tuned_policy` loads. The options are
+    ``neml2::TuneOptions``' fields: ``sample`` is a dict of (n, ...) tensors tiled to each
+    size, ``ranges`` ({input: (low, high)}) and ``low``/``high`` bound generated values;
+    ``on_point(device_index, point)`` is called after each size. The GIL is released while
+    it measures."""
+    if isinstance(devices, str):
+        devices = [devices]
+    return _json.loads(_core._tune(
+        _os.fspath(path), name, [str(d) for d in devices], operation=operation, dtype=dtype,
+        batch_rows=batch_rows, min_rows=min_rows, max_rows=max_rows,
+        budget_seconds=budget_seconds, warmup=warmup, repeats=repeats, sample=sample,
+        ranges=dict(ranges or {}), low=low, high=high, seed=seed, overlap_test=overlap_test,
+        lane_test=lane_test, on_point=on_point, out=None if out is None else _os.fspath(out)))
 
 
 def simulate(policy: "Any", devices: "Sequence[Mapping[str, Any]]", batch: int,

@@ -116,6 +116,12 @@ def test_tune_failures_write_nothing(elasticity, tmp_path):
         nd.tune(elasticity, "elasticity", [], out=out)
     with pytest.raises(nd.FatalError, match="sample is a int"):
         nd.tune(elasticity, "elasticity", ["cpu"], sample=3, out=out)
+    with pytest.raises(nd.FatalError, match=r"'strain' would be drawn from \[1, 0\]"):
+        nd.tune(elasticity, "elasticity", "cpu", low=1.0, high=0.0, out=out)
+    with pytest.raises(nd.FatalError, match="max_rows is 0"):
+        nd.tune(elasticity, "elasticity", "cpu", max_rows=0, out=out)
+    with pytest.raises(TypeError, match="budget"):
+        nd.tune(elasticity, "elasticity", "cpu", budget=1, out=out)
     assert not out.exists(), "a failed tune wrote its file"
 
 
@@ -223,6 +229,8 @@ def test_simulate_bad_input_is_the_librarys_error():
         ([{"curve": [(5, 1.0), (2, 1.0)]}], r"devices\[0\]\['curve'\]: .* increasing rows"),
         ([{"curve": [(5, -1.0)]}], "rate finite and > 0"),
         ([{"curve": "fast"}], "give rows per second"),
+        ([{"curve": None}], "give rows per second"),
+        ([{"curve": {"rows": 1}}], "give rows per second"),
         ([{"curv": 1e6}], "has the key 'curv'"),
         ([{"curve": 1e6, "chunk_overhead": -1}], "finite seconds >= 0"),
         ([3], r"devices\[0\] is a int"),

@@ -768,6 +768,10 @@ std::map<std::string, at::Tensor> tune_inputs(const Artifact& artifact, const Tu
     }
     const auto [low, high] =
         range == inputs.ranges.end() ? std::pair{inputs.low, inputs.high} : range->second;
+    if (!(low <= high) || !std::isfinite(low) || !std::isfinite(high))
+      throw FatalError(fmt::format("tuning inputs: '{}' would be drawn from [{}, {}]; give its "
+                                   "range (or low and high) finite, with low <= high",
+                                   v.public_name, low, high));
     out[v.public_name] = at::empty(shape, at::TensorOptions().dtype(dtype))
                              .uniform_(low, high, generator)
                              .to(options);
@@ -929,6 +933,7 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                                  ">= 0",
                                  options.repeats, options.warmup, options.batch_rows,
                                  options.max_chunks));
+  (void)Sweep(options.sweep); // the sweep as given (each device's own raises min_rows)
   const auto call_rows = [&](std::int64_t rows) { return std::max(options.batch_rows, rows); };
   TuneResult result{
       .model = model, .operation = options.operation, .machine = current_machine(options.dtype)};
