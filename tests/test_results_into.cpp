@@ -358,6 +358,69 @@ TEST_CASE("a landing serves torch's raw allocator interface: a target is never f
   allocator->raw_deallocate(after);
 }
 
+// ------------------------------------------------------------------ small blocks recycled
+
+using neml2::detail::Recycling;
+
+namespace {
+at::Tensor doubles(std::int64_t count) {
+  return at::empty({count}, at::kDouble);
+}
+
+std::size_t reused() {
+  return Recycling::reused_on_this_thread();
+}
+} // namespace
+
+TEST_CASE("a thread that recycles takes back the small blocks it freed; nothing else does") {
+  auto* allocator = c10::GetCPUAllocator();
+  std::thread([&] { // a thread of its own: nothing kept before
+    {
+      const Recycling scope;
+      void* freed = doubles(100).data_ptr(); // 800 bytes: a block of 1024
+      const auto again = doubles(128);       // 1024 bytes: the same block, all of it usable
+      CHECK(again.data_ptr() == freed);
+      again.fill_(3); // (ASan: within the block)
+      CHECK(reused() == 1);
+      CHECK(doubles(129).data_ptr() != freed);                    // a block of the next size
+      const auto large = Recycling::largest / sizeof(double) + 1; // as before
+      static_cast<void>(doubles(large));
+      static_cast<void>(doubles(large));
+      CHECK(reused() == 1);
+      std::thread([] { // another thread allocates as before
+        static_cast<void>(doubles(100));
+        static_cast<void>(doubles(100));
+        CHECK(reused() == 0);
+      })
+          .join();
+      // torch's raw interface: the raw deleter knows a block (ASan: a bad free otherwise).
+      void* raw = allocator->raw_allocate(200);
+      allocator->raw_deallocate(raw);
+      CHECK(allocator->raw_allocate(256) == raw);
+      allocator->raw_deallocate(raw);
+      CHECK(reused() == 2);
+    }
+    static_cast<void>(doubles(100)); // out of the scope: as before
+    CHECK(reused() == 2);
+  })
+      .join();
+  std::thread([] { // a block freed out of the scope is kept, up to Recycling::kept bytes
+    const auto count = 2 * Recycling::kept / Recycling::largest;
+    std::vector<at::Tensor> blocks;
+    {
+      const Recycling scope;
+      for (std::size_t i = 0; i < count; ++i)
+        blocks.push_back(doubles(Recycling::largest / sizeof(double)));
+    }
+    blocks.clear();
+    const Recycling scope;
+    for (std::size_t i = 0; i < count; ++i)
+      blocks.push_back(doubles(Recycling::largest / sizeof(double)));
+    CHECK(reused() == Recycling::kept / Recycling::largest);
+  })
+      .join();
+}
+
 TEST_CASE("what a graph-call observer allocates and keeps, or a call it makes, is never the "
           "caller's memory") {
   const auto stub = test::stub("elasticity_params", "elasticity");

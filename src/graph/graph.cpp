@@ -684,6 +684,7 @@ std::vector<at::Tensor> Graph::run_container(const std::vector<at::Tensor>& args
   c10::SmallVector<AtenTensorHandle, 8> in, out(_container_outputs, nullptr);
   for (const auto& t : args)
     in.push_back(aoti::new_tensor_handle(at::Tensor(t)));
+  const Recycling small_blocks;
   const auto error =
       ContainerEntry::run(runner)(ContainerEntry::container(runner), in.data(), in.size(),
                                   out.data(), out.size(), nullptr, ContainerEntry::proxy(runner));

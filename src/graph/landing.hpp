@@ -1,7 +1,7 @@
 #pragma once
 
-// Where a graph's results land: the caller's memory, claimed from torch's CPU allocator
-// while the graph runs (see Landing).
+// Torch's CPU allocator while a graph runs: where its results land (the caller's memory,
+// see Landing) and its small blocks recycled (see Recycling).
 
 #include <initializer_list>
 #include <span>
@@ -77,6 +77,30 @@ public:
 
 private:
   Landing* _paused;
+};
+
+/// @brief While it lives, this thread's small allocations on torch's CPU allocator (at most
+/// Recycling::largest bytes: a graph's intermediates and results at small batches) are
+/// blocks of a power-of-two size taken from the blocks this thread freed, instead of new
+/// memory from glibc's aligned allocation (whose cost was most of a one-row graph call).
+/// A block freed on a thread that has recycled, scope or not, is kept for it, up to
+/// Recycling::kept bytes a thread (the rest, and every block freed on any other thread, is
+/// freed); a thread's kept blocks are freed when it ends. A Landing's targets come first.
+class Recycling {
+public:
+  static constexpr std::size_t largest = std::size_t{64} << 10;
+  static constexpr std::size_t kept = std::size_t{4} << 20;
+
+  Recycling() noexcept;
+  ~Recycling();
+  Recycling(const Recycling&) = delete;
+  Recycling& operator=(const Recycling&) = delete;
+
+  /// How many allocations on this thread were a kept block so far (for tests).
+  [[nodiscard]] static std::size_t reused_on_this_thread() noexcept;
+
+private:
+  bool _outer;
 };
 
 } // namespace neml2::detail
