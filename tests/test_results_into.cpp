@@ -421,6 +421,27 @@ TEST_CASE("a thread that recycles takes back the small blocks it freed; nothing 
       .join();
 }
 
+TEST_CASE("a CPU graph call recycles the small blocks its earlier calls freed") {
+  std::thread([] { // a thread of its own: nothing kept before
+    const auto m = load_model(test::stub("scalar_backward_euler_params", "model"), "model");
+    const auto rows = std::int64_t{3};
+    const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
+    const TensorMap in = {{"a", at::linspace(0.3, 2.0, rows, at::kDouble)},
+                          {"x", filled(0.5)},
+                          {"x~1", filled(0.5)},
+                          {"t", filled(0.1)},
+                          {"t~1", filled(0.0)}};
+    const auto [out, J] = m.jacobian(in);
+    CHECK(reused() > 0); // the Newton iterations' later graph calls
+    const auto before = reused();
+    const auto [again, J_again] = m.jacobian(in);
+    CHECK(reused() > before);
+    for (const auto& [name, value] : out)
+      CHECK(at::equal(value, again.at(name)));
+  })
+      .join();
+}
+
 TEST_CASE("what a graph-call observer allocates and keeps, or a call it makes, is never the "
           "caller's memory") {
   const auto stub = test::stub("elasticity_params", "elasticity");
