@@ -248,16 +248,23 @@ TEST_CASE("a prepared call: names bound once, tensors in order, the same results
                "1 output tensors given, but the model has 3 outputs"));
 }
 
+namespace {
+// Inputs of scalar_backward_euler_params: `rows` rows, one step from x = 0.5.
+TensorMap backward_euler_inputs(std::int64_t rows) {
+  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
+  return {{"a", at::linspace(0.3, 2.0, rows, at::kDouble)},
+          {"x", filled(0.5)},
+          {"x~1", filled(0.5)},
+          {"t", filled(0.1)},
+          {"t~1", filled(0.0)}};
+}
+
+} // namespace
+
 TEST_CASE("into the caller's tensors through a composed (implicit) model") {
   auto m = load_model(test::stub("scalar_backward_euler_params", "model"), "model",
                       SyncChunking{.batch_size = 2});
-  const auto rows = std::int64_t{5};
-  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
-  const TensorMap in = {{"a", at::linspace(0.3, 2.0, rows, at::kDouble)},
-                        {"x", filled(0.5)},
-                        {"x~1", filled(0.5)},
-                        {"t", filled(0.1)},
-                        {"t~1", filled(0.0)}};
+  const auto in = backward_euler_inputs(5);
   const auto [out, J] = m.jacobian(in);
   check_blocks_into(out, J, [&](auto& v, auto& b) { m.jacobian_into(in, v, b); });
   const auto [values, P] = m.param_jacobian(in);
@@ -424,13 +431,7 @@ TEST_CASE("a thread that recycles takes back the small blocks it freed; nothing 
 TEST_CASE("a CPU graph call recycles the small blocks its earlier calls freed") {
   std::thread([] { // a thread of its own: nothing kept before
     const auto m = load_model(test::stub("scalar_backward_euler_params", "model"), "model");
-    const auto rows = std::int64_t{3};
-    const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
-    const TensorMap in = {{"a", at::linspace(0.3, 2.0, rows, at::kDouble)},
-                          {"x", filled(0.5)},
-                          {"x~1", filled(0.5)},
-                          {"t", filled(0.1)},
-                          {"t~1", filled(0.0)}};
+    const auto in = backward_euler_inputs(3);
     const auto [out, J] = m.jacobian(in);
     CHECK(reused() > 0); // the Newton iterations' later graph calls
     const auto before = reused();
