@@ -8,9 +8,14 @@ while the calling threads have not returned.
 A caller that releases the GIL may, on a busy machine, finish its whole call and take the
 GIL back before this thread is scheduled to take it: such a try shows nothing and is run
 again. A call that kept the GIL is never seen in flight, so every try shows nothing and
-the test fails."""
+the test fails.
+
+The garbage collector is off while this thread keeps the GIL: torch releases the GIL to
+free a tensor, so a collection that freed one would hand the GIL to a caller waiting for
+it."""
 
 import ctypes
+import gc
 import sys
 import threading
 import time
@@ -38,12 +43,16 @@ def one_intra_op_thread():
 
 @contextmanager
 def gil_kept_by_this_thread():
-    before = sys.getswitchinterval()
+    before, collecting = sys.getswitchinterval(), gc.isenabled()
+    gc.collect()
+    gc.disable()
     sys.setswitchinterval(1000.0)
     try:
         yield
     finally:
         sys.setswitchinterval(before)
+        if collecting:
+            gc.enable()
 
 
 class Caller:
