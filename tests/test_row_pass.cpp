@@ -368,6 +368,50 @@ TEST_CASE("LU with partial pivoting solves as ATen does, and refuses a singular 
   CHECK_FALSE(neml2::detail::lu_factor(not_finite.data_ptr<double>(), 3, pivot.data()));
 }
 
+TEST_CASE("rows solved side by side in SIMD lanes: each lane exactly its row's own LU") {
+  at::manual_seed(4);
+  const auto machine = neml2::detail::lu_lanes();
+  CHECK((machine == 1 || machine == 4 || machine == 8));
+  for (const int lanes : {1, 4, 8})
+    for (const std::int64_t n : {1, 2, 6, 19})
+      for (const std::int64_t columns : {1, 3}) {
+        if (lanes > machine) // an AVX-512 machine has AVX2
+          continue;
+        CAPTURE(lanes);
+        CAPTURE(n);
+        CAPTURE(columns);
+        // Lane 0 pivots from below; with several lanes, lane 1 has a zero column and the last
+        // an infinite entry: both fail, and no other lane notices.
+        auto a = at::randn({lanes, n, n}, at::kDouble) + n * at::eye(n, at::kDouble);
+        a[0][0][0] = n == 1 ? 0.5 : 0;
+        if (lanes > 1) {
+          a[1].select(1, n - 1).zero_();
+          a[lanes - 1][n - 1][0] = std::numeric_limits<double>::infinity();
+        }
+        const auto b = at::randn({lanes, n, columns}, at::kDouble);
+        // Interleaved: lane l's (r, c) at (r * n + c) * lanes + l, (r * columns + c) * lanes + l.
+        auto a_lanes = a.permute({1, 2, 0}).clone(at::MemoryFormat::Contiguous);
+        auto x_lanes = b.permute({1, 2, 0}).clone(at::MemoryFormat::Contiguous);
+        const auto failed = neml2::detail::lu_solve_lanes(
+            a_lanes.data_ptr<double>(), x_lanes.data_ptr<double>(), n, columns, lanes);
+        for (int l = 0; l < lanes; ++l) {
+          CAPTURE(l);
+          auto lu = a[l].clone();
+          auto x = b[l].clone();
+          std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+          const bool solved = neml2::detail::lu_factor(lu.data_ptr<double>(), n, pivot.data());
+          CHECK(((failed >> l & 1U) == 0) == solved);
+          CHECK(solved == (lanes == 1 || (l != 1 && l != lanes - 1)));
+          if (!solved)
+            continue;
+          neml2::detail::lu_solve(lu.data_ptr<double>(), pivot.data(), n, x.data_ptr<double>(),
+                                  columns);
+          CHECK(at::equal(x_lanes.select(2, l), x));
+          test::check_close(x, at::linalg_solve(a[l], b[l]), "x", 1e-12);
+        }
+      }
+}
+
 TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major blocks") {
   // Residual groups of 3 and 2 rows, unknown groups of 2 and 3, column groups of 1 and 4.
   at::manual_seed(5);

@@ -78,13 +78,14 @@ struct Blocks {
       width += blocks[c].size2;
     }
   }
-  void fill(std::int64_t i, double* out) const {
+  // Entry (r, c) at out[(r * width + c) * stride].
+  void fill(std::int64_t i, double* out, std::int64_t stride = 1) const {
     for (std::size_t r = 0; r < row_at.size(); ++r)
       for (std::size_t c = 0; c < column_groups; ++c) {
         const auto& b = blocks[r * column_groups + c];
         for (std::int64_t x = 0; x < b.size1; ++x)
           for (std::int64_t y = 0; y < b.size2; ++y)
-            out[(row_at[r] + x) * width + column_at[c] + y] = b(i, x, y);
+            out[((row_at[r] + x) * width + column_at[c] + y) * stride] = b(i, x, y);
       }
   }
 };
@@ -104,10 +105,11 @@ struct Residual {
         squares += g(i, x) * g(i, x);
     return std::sqrt(squares);
   }
-  void copy(std::int64_t i, double* out) const {
+  // Entry r at out[r * stride].
+  void copy(std::int64_t i, double* out, std::int64_t stride = 1) const {
     for (const auto& g : groups)
-      for (std::int64_t x = 0; x < g.size1; ++x)
-        *out++ = g(i, x);
+      for (std::int64_t x = 0; x < g.size1; ++x, out += stride)
+        *out = g(i, x);
   }
 };
 
@@ -151,6 +153,62 @@ std::vector<at::Tensor> empty_like_rows(const std::vector<at::Tensor>& like, std
   for (const auto& t : like)
     out.push_back(at::empty({rows, t.size(1)}, t.options()));
   return out;
+}
+
+// Rows' systems (n x n, n x `columns` right-hand sides) gathered `lanes` at a time and
+// solved together (lu_solve_lanes), unused lanes holding the identity. `done(i, x, stride,
+// solved)` gets each row's solution, entry k at x[k * stride].
+class LaneBatch {
+public:
+  LaneBatch(std::int64_t n, std::int64_t columns, std::int64_t lanes)
+      : _n(n)
+      , _columns(columns)
+      , _lanes(lanes)
+      , _a(n * n * lanes)
+      , _x(n * columns * lanes)
+      , _rows(static_cast<std::size_t>(lanes)) {}
+
+  // Where the next row's A and B go, entry k at a()[k * lanes] and x()[k * lanes].
+  double* a() { return _a.data() + _count; }
+  double* x() { return _x.data() + _count; }
+
+  // Adds row i (its A and B written); solves once every lane is taken.
+  template <class F>
+  void add(std::int64_t i, const F& done) {
+    _rows[static_cast<std::size_t>(_count)] = i;
+    if (++_count == _lanes)
+      solve(done);
+  }
+
+  // Solves the rows added since the last solve.
+  template <class F>
+  void solve(const F& done) {
+    if (_count == 0)
+      return;
+    for (auto l = _count; l < _lanes; ++l)
+      for (std::int64_t r = 0; r < _n; ++r) {
+        for (std::int64_t c = 0; c < _n; ++c)
+          _a.data()[(r * _n + c) * _lanes + l] = r == c ? 1 : 0;
+        for (std::int64_t c = 0; c < _columns; ++c)
+          _x.data()[(r * _columns + c) * _lanes + l] = 0;
+      }
+    const auto failed =
+        lu_solve_lanes(_a.data(), _x.data(), _n, _columns, static_cast<int>(_lanes));
+    for (std::int64_t l = 0; l < _count; ++l)
+      done(_rows[static_cast<std::size_t>(l)], _x.data() + l, _lanes, (failed >> l & 1U) == 0);
+    _count = 0;
+  }
+
+private:
+  std::int64_t _n, _columns, _lanes, _count = 0;
+  LaneBuffer _a, _x;
+  std::vector<std::int64_t> _rows;
+};
+
+// Lanes for a working set of `rows`: a lone row alone (waking the vector unit would cost
+// more than it saves).
+std::int64_t lanes_for(std::int64_t rows) {
+  return rows == 1 ? 1 : static_cast<std::int64_t>(lu_lanes());
 }
 
 class RowNewton {
@@ -286,35 +344,43 @@ private:
       });
       return std::count(_keep.begin(), _keep.end(), 1);
     }
-    const auto step = [&](std::int64_t i, double* a, std::int64_t* pivot) {
-      blocks->fill(i, a);
-      double* x = _du.data() + i * n;
-      b.copy(i, x);
-      if (!lu_factor(a, n, pivot))
-        return false;
-      lu_solve(a, pivot, n, x, 1);
+    const auto lanes = lanes_for(size());
+    // Row i's step du = A^{-1} b from its solve (and <b, du>), or its failure.
+    const auto stepped = [&](std::int64_t i, const double* x, std::int64_t stride, bool solved) {
+      if (!solved) {
+        finish(u, i, false);
+        return;
+      }
+      double* du = _du.data() + i * n;
+      for (std::int64_t k = 0; k < n; ++k)
+        du[k] = x[k * stride];
       if (_search) {
         double dot = 0;
         std::int64_t k = 0;
         for (const auto& g : b.groups)
           for (std::int64_t r = 0; r < g.size1; ++r)
-            dot += g(i, r) * x[k++];
+            dot += g(i, r) * du[k++];
         _slope[static_cast<std::size_t>(i)] = dot;
       }
-      return true;
+      _keep[static_cast<std::size_t>(i)] = 1;
     };
     for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
-      std::vector<double> a(static_cast<std::size_t>(n * n));
-      std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+      std::optional<LaneBatch> batch;
+      if (has_a)
+        batch.emplace(n, 1, lanes);
       for (auto i = begin; i < end; ++i) {
         if (check && leaves(i, b.norm(i)))
           continue;
-        if (has_a && !step(i, a.data(), pivot.data())) {
-          finish(u, i, false);
+        if (!has_a) {
+          _keep[static_cast<std::size_t>(i)] = 1;
           continue;
         }
-        _keep[static_cast<std::size_t>(i)] = 1;
+        blocks->fill(i, batch->a(), lanes);
+        b.copy(i, batch->x(), lanes);
+        batch->add(i, stepped);
       }
+      if (batch)
+        batch->solve(stepped);
     });
     return std::count(_keep.begin(), _keep.end(), 1);
   }
@@ -514,21 +580,21 @@ at::Tensor minus_solve_rows(const std::vector<at::Tensor>& a_blocks,
   const auto n = a.height, m = c.width;
   auto out = at::empty({rows, n, m}, a.blocks.front().tensor.options());
   double* x = out.data_ptr<double>();
+  const auto lanes = lanes_for(rows);
+  const auto solved_row = [&](std::int64_t i, const double* solution, std::int64_t stride,
+                              bool solved) {
+    double* row = x + i * n * m;
+    for (std::int64_t k = 0; k < n * m; ++k)
+      row[k] = solved ? -solution[k * stride] : std::numeric_limits<double>::quiet_NaN();
+  };
   for_rows(rows, [&](std::int64_t begin, std::int64_t end) {
-    std::vector<double> lu(static_cast<std::size_t>(n * n));
-    std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+    LaneBatch batch(n, m, lanes);
     for (auto i = begin; i < end; ++i) {
-      double* row = x + i * n * m;
-      a.fill(i, lu.data());
-      c.fill(i, row);
-      if (!lu_factor(lu.data(), n, pivot.data())) {
-        std::fill_n(row, n * m, std::numeric_limits<double>::quiet_NaN());
-        continue;
-      }
-      lu_solve(lu.data(), pivot.data(), n, row, m);
-      for (std::int64_t k = 0; k < n * m; ++k)
-        row[k] = -row[k];
+      a.fill(i, batch.a(), lanes);
+      c.fill(i, batch.x(), lanes);
+      batch.add(i, solved_row);
     }
+    batch.solve(solved_row);
   });
   return out;
 }

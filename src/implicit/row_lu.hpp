@@ -1,13 +1,14 @@
 #pragma once
 
 // One row's small dense system A x = b, solved by LU with partial pivoting as LAPACK's
-// getrf / getrs do it (the first largest pivot of each column), in plain loops: the row
-// pass of Newton on the CPU (implicit/newton_rows.cpp) runs one per row. Private to
-// src/implicit/.
+// getrf / getrs do it (the first largest pivot of each column), in plain loops; and the
+// same for several rows at once in SIMD lanes (row_lu.cpp). The row pass of Newton on the
+// CPU (implicit/newton_rows.cpp) solves every row's system. Private to src/implicit/.
 
 #include <cmath>
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 namespace neml2::detail {
 
@@ -62,5 +63,32 @@ void lu_solve(const T* lu, const std::int64_t* pivot, std::int64_t n, T* x, std:
       x[i * columns + c] /= lu[i * n + i];
   }
 }
+
+/// How many rows lu_solve_lanes solves at once on this machine: 8 with AVX-512, 4 with
+/// AVX2, else 1.
+[[nodiscard]] int lu_lanes();
+
+/// Room for `count` doubles, aligned for lu_solve_lanes.
+class LaneBuffer {
+public:
+  explicit LaneBuffer(std::int64_t count)
+      : _blocks(static_cast<std::size_t>((count + 7) / 8)) {}
+  double* data() { return _blocks.front().values; }
+
+private:
+  struct alignas(64) Block {
+    double values[8];
+  };
+  std::vector<Block> _blocks;
+};
+
+/// Solves `lanes` (lu_lanes(), or 1) systems A X = B at once, interleaved: entry (r, c) of
+/// lane l's A (n x n) at `a[(r * n + c) * lanes + l]`, of its B (n x `columns`) at
+/// `x[(r * columns + c) * lanes + l]`; a and x aligned to 8 * lanes bytes (a LaneBuffer, or
+/// a tensor's data). Overwrites x with each lane's X, exactly as lu_factor and lu_solve
+/// give it, and a with its LU. Returns a bit per lane (1 << l) whose A has a zero or
+/// non-finite pivot; such a lane's X is not a solution, and the other lanes' are unaffected.
+[[nodiscard]] unsigned lu_solve_lanes(double* a, double* x, std::int64_t n, std::int64_t columns,
+                                      int lanes);
 
 } // namespace neml2::detail

@@ -43,7 +43,8 @@ at::Tensor rows_matmul(const at::Tensor& a, const at::Tensor& b, const at::Tenso
     return addend.defined() ? addend + product : product;
   }
   const auto n = a.size(1), k = a.size(2), m = b.size(2);
-  auto out = addend.defined() ? addend.clone(at::MemoryFormat::Contiguous) : at::zeros({rows, n, m}, a.options());
+  auto out = addend.defined() ? addend.clone(at::MemoryFormat::Contiguous)
+                              : at::zeros({rows, n, m}, a.options());
   const auto* pa = a.data_ptr<double>();
   const auto* pb = b.data_ptr<double>();
   auto* po = out.data_ptr<double>();
