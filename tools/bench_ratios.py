@@ -23,7 +23,10 @@ def main() -> int:
     for r in json.load(open(path))["benchmarks"]:
         if r.get("run_type") != "iteration":
             continue
-        name, batch, chunk = r["run_name"].split("/")[:3]
+        parts = r["run_name"].split("/")
+        if parts[0] not in (baseline, candidate):  # other benchmarks may be named otherwise
+            continue
+        name, batch, chunk = parts[:3]
         scale = {"ns": 1, "us": 1e3, "ms": 1e6, "s": 1e9}[r["time_unit"]]
         times[(name, int(batch), int(chunk))].append(r["real_time"] * scale)
     median = {k: statistics.median(v) for k, v in times.items()}
