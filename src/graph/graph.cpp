@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <regex>
 
 #include <ATen/ATen.h>
@@ -115,8 +116,10 @@ std::uint32_t crc32(const unsigned char* data, std::size_t size) {
 // Every record of the package against the CRC-32 its zip directory stores: the loader
 // does not check them, and a damaged shared library inside would run (SIGILL, SIGSEGV).
 // And every record's size: PyTorch's reader allocates what the directory says before it
-// reads a record.
-void check_records(std::string_view bytes, const fs::path& file) {
+// reads a record. And what PyTorch's reader checks when it opens the archive (the folder
+// of the directory's first entry, a version record it can parse and supports): when its
+// constructor throws, torch 2.12 leaks the zip reader it opened.
+void check_records(std::string_view bytes, const std::string& folder, const fs::path& file) {
   const auto* data = reinterpret_cast<const unsigned char*>(bytes.data());
   const auto size = bytes.size();
   const auto u16 = [&](std::size_t at) {
@@ -140,6 +143,7 @@ void check_records(std::string_view bytes, const fs::path& file) {
   std::size_t at = u32(end + 16);
   if (at == 0xFFFFFFFFu || entries == 0xFFFFu)
     damaged("a zip64 archive, which neml2-compile writes only for graphs larger than 4 GiB");
+  std::optional<std::string> version, old_version; // `.data/version`, `version`
   for (std::uint32_t e = 0; e < entries; ++e) {
     if (u32(at) != 0x02014b50u)
       damaged(fmt::format("zip directory entry {} is damaged", e));
@@ -161,8 +165,29 @@ void check_records(std::string_view bytes, const fs::path& file) {
       damaged(fmt::format("record '{}' says it unpacks to {} bytes", name, unpacked));
     if (method == 0 && crc32(data + begin, stored) != crc)
       damaged(fmt::format("record '{}' fails its CRC-32 check", name));
+    if (e == 0 && !name.starts_with(folder + "/"))
+      damaged(
+          fmt::format("its zip directory's first record '{}' is not in folder '{}'", name, folder));
+    if (name == folder + "/.data/version" || name == folder + "/version")
+      (name.ends_with(".data/version") ? version : old_version) =
+          method == 0 ? std::string(bytes.substr(begin, stored)) : std::string("compressed");
     at = next;
   }
+  if (!version && !old_version)
+    damaged(fmt::format("it holds no version record ('{}/version')", folder));
+  const auto text = version ? *version : *old_version;
+  std::uint64_t number = 0;
+  try {
+    number = std::stoull(text); // as PyTorch's reader reads it
+  } catch (const std::exception&) {
+    damaged(fmt::format("its version record holds '{}', not a number",
+                        first_lines(std::string_view(text).substr(0, 40), 1)));
+  }
+  if (number < caffe2::serialize::kMinSupportedFileFormatVersion ||
+      number > caffe2::serialize::kMaxSupportedFileFormatVersion)
+    damaged(fmt::format("its archive format version {} is not one PyTorch reads ({} to {})", number,
+                        caffe2::serialize::kMinSupportedFileFormatVersion,
+                        caffe2::serialize::kMaxSupportedFileFormatVersion));
 }
 
 // A decimal number the wrapper's regular expressions matched, at most `most`.
@@ -322,7 +347,7 @@ GraphSignature read_graph_signature(std::string_view bytes, const fs::path& file
   check_size(bytes.size(), max_package_bytes, "graph file", file.string(), recompile);
   GraphSignature s;
   s.archive_name = archive_name(bytes, file);
-  check_records(bytes, file);
+  check_records(bytes, s.archive_name, file);
   std::string source;
   try {
     caffe2::serialize::PyTorchStreamReader reader(std::make_shared<BytesReader>(bytes));
