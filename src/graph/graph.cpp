@@ -143,7 +143,8 @@ void check_records(std::string_view bytes, const std::string& folder, const fs::
   std::size_t at = u32(end + 16);
   if (at == 0xFFFFFFFFu || entries == 0xFFFFu)
     damaged("a zip64 archive, which neml2-compile writes only for graphs larger than 4 GiB");
-  std::optional<std::string> version, old_version; // `.data/version`, `version`
+  // `.data/version` and `version`: the text of a stored record, nullopt in a compressed one.
+  std::optional<std::optional<std::string>> version, old_version;
   for (std::uint32_t e = 0; e < entries; ++e) {
     if (u32(at) != 0x02014b50u)
       damaged(fmt::format("zip directory entry {} is damaged", e));
@@ -170,12 +171,15 @@ void check_records(std::string_view bytes, const std::string& folder, const fs::
           fmt::format("its zip directory's first record '{}' is not in folder '{}'", name, folder));
     if (name == folder + "/.data/version" || name == folder + "/version")
       (name.ends_with(".data/version") ? version : old_version) =
-          method == 0 ? std::string(bytes.substr(begin, stored)) : std::string("compressed");
+          method == 0 ? std::optional(std::string(bytes.substr(begin, stored))) : std::nullopt;
     at = next;
   }
   if (!version && !old_version)
     damaged(fmt::format("it holds no version record ('{}/version')", folder));
-  const auto text = version ? *version : *old_version;
+  const auto stored_text = version ? *version : *old_version;
+  if (!stored_text) // compressed (neml2-compile stores every record): PyTorch's reader reads it
+    return;
+  const auto& text = *stored_text;
   std::uint64_t number = 0;
   try {
     number = std::stoull(text); // as PyTorch's reader reads it
