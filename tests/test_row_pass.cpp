@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <thread>
 
 #include <neml2/detail/graph_calls.hpp>
 
@@ -166,6 +167,9 @@ void check_same(const Outcome& rows, const Outcome& tensors, const std::string& 
     CAPTURE(tensors.groups[k]);
     const auto& a = rows.values[k];
     const auto& b = tensors.values[k];
+    // The row pass runs its graphs in inference mode; none of their tensors reaches the
+    // caller, who may update a result in place (refused on an inference tensor).
+    CHECK_FALSE(a.is_inference());
     REQUIRE(a.sizes() == b.sizes());
     REQUIRE(at::equal(at::isnan(a), at::isnan(b)));
     const auto finite = at::isfinite(b);
@@ -410,6 +414,34 @@ TEST_CASE("rows solved side by side in SIMD lanes: each lane exactly its row's o
           test::check_close(x, at::linalg_solve(a[l], b[l]), "x", 1e-12);
         }
       }
+}
+
+TEST_CASE("a lane buffer takes the storage one let go before on its thread, never one in use") {
+  using neml2::detail::LaneBuffer;
+  std::thread([] { // a thread of its own: nothing let go before
+    const double* first = nullptr;
+    const double* second = nullptr;
+    {
+      LaneBuffer a(19 * 19 * 8);
+      first = a.data();
+      CHECK(reinterpret_cast<std::uintptr_t>(first) % 64 == 0);
+      LaneBuffer b(19 * 8); // while `a` lives: storage of its own
+      second = b.data();
+      CHECK(second != first);
+    }                              // b let go, then a
+    LaneBuffer again(19 * 19 * 8); // a's storage, let go last
+    CHECK(again.data() == first);
+    LaneBuffer next(19 * 19 * 8); // then b's, grown to the size asked for
+    CHECK(next.data() != first);
+    next.data()[19 * 19 * 8 - 1] = 1; // (ASan: within it)
+    std::thread([&] {                 // another thread's buffers are its own
+      LaneBuffer there(19 * 19 * 8);
+      CHECK(there.data() != first);
+      CHECK(there.data() != next.data());
+    })
+        .join();
+  })
+      .join();
 }
 
 TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major blocks") {

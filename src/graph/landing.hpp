@@ -80,16 +80,18 @@ private:
 };
 
 /// @brief While it lives, this thread's small allocations on torch's CPU allocator (at most
-/// Recycling::largest bytes: a graph's intermediates and results at small batches) are
-/// blocks of a power-of-two size taken from the blocks this thread freed, instead of new
-/// memory from glibc's aligned allocation (whose cost was most of a one-row graph call).
+/// Recycling::largest bytes: a graph's intermediates and results at small batches, an
+/// implicit step's working set) are blocks of a power-of-two size taken from the blocks
+/// this thread freed, instead of new memory from glibc's aligned allocation (whose cost was
+/// most of a one-row graph call; and from a kilobyte up, glibc merges the small blocks
+/// freed before, slowing the thousand small allocations a graph call makes for its tensors).
 /// A block freed on a thread that has recycled, scope or not, is kept for it, up to
 /// Recycling::kept bytes a thread (the rest, and every block freed on any other thread, is
 /// freed); a thread's kept blocks are freed when it ends. A Landing's targets come first.
 class Recycling {
 public:
-  static constexpr std::size_t largest = std::size_t{64} << 10;
-  static constexpr std::size_t kept = std::size_t{4} << 20;
+  static constexpr std::size_t largest = std::size_t{1} << 20;
+  static constexpr std::size_t kept = std::size_t{8} << 20;
 
   Recycling() noexcept;
   ~Recycling();

@@ -12,6 +12,7 @@
 #include <optional>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 
 #include "implicit/row_lu.hpp"
 #include "implicit/row_ranges.hpp"
@@ -247,14 +248,14 @@ public:
       return result;
 
     bool has_a = rows <= first_from_jacobian;
-    auto results = (has_a ? _graphs.jacobian : _graphs.residual)(graph_args(_u, _g, _params));
+    auto results = call(has_a ? _graphs.jacobian : _graphs.residual, _u);
     for (std::int64_t it = 0;; ++it) {
       auto staying = pass(results, has_a, it, true);
       if (staying == 0)
         break;
       if (!has_a) { // the first residual came without A: A for the rows that stay
         advance(false);
-        results = _graphs.jacobian(graph_args(_u, _g, _params));
+        results = call(_graphs.jacobian, _u);
         has_a = true;
         if (pass(results, true, it, false) == 0)
           break;
@@ -263,7 +264,7 @@ public:
       if (_search)
         line_search();
       result.iterations = it + 1;
-      results = _graphs.jacobian(graph_args(_u, _g, _params));
+      results = call(_graphs.jacobian, _u);
     }
 
     double worst = 0;
@@ -279,6 +280,14 @@ public:
 
 private:
   std::int64_t size() const { return static_cast<std::int64_t>(_index.size()); }
+
+  // A graph at unknowns `u` of the working set. Its results are read here and never leave,
+  // so they are made as inference tensors: no version counter each, for the hundreds of
+  // tensors a graph call makes (a third of its allocations at small batches).
+  std::vector<at::Tensor> call(const GraphFn& graph, const std::vector<at::Tensor>& u) const {
+    const c10::InferenceMode inference;
+    return graph(graph_args(u, _g, _params));
+  }
 
   // Row i leaves the working set: its unknowns, norm and flag into the batch's result.
   void finish(const Groups& u, std::int64_t i, bool converged) {
@@ -500,7 +509,7 @@ private:
           to.write(j, x.data());
         }
       });
-      const Residual b(_graphs.residual(graph_args(moved, _g, _params)), 0);
+      const Residual b(call(_graphs.residual, moved), 0);
       for_rows(m, [&](std::int64_t begin, std::int64_t end) {
         for (auto j = begin; j < end; ++j) {
           const auto row = static_cast<std::size_t>(j);

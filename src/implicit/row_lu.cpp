@@ -6,6 +6,7 @@
 #include "implicit/row_lu.hpp"
 
 #include <cfloat>
+#include <new>
 #include <vector>
 
 namespace neml2::detail {
@@ -113,6 +114,30 @@ int machine_lanes() {
 #endif
 
 } // namespace
+
+namespace {
+// Storage LaneBuffers of this thread let go, for the next ones: a few, of at most 1 MiB.
+thread_local std::vector<std::vector<LaneBuffer::Block>> spare_lane_storage;
+constexpr std::size_t spare_buffers = 4, spare_blocks = (std::size_t{1} << 20) / 64;
+} // namespace
+
+LaneBuffer::LaneBuffer(std::int64_t count) {
+  auto& spare = spare_lane_storage;
+  if (!spare.empty()) {
+    _blocks = std::move(spare.back());
+    spare.pop_back();
+  }
+  _blocks.resize(static_cast<std::size_t>((count + 7) / 8));
+}
+
+LaneBuffer::~LaneBuffer() {
+  auto& spare = spare_lane_storage;
+  if (spare.size() < spare_buffers && _blocks.capacity() <= spare_blocks)
+    try {
+      spare.push_back(std::move(_blocks));
+    } catch (const std::bad_alloc&) { // freed instead
+    }
+}
 
 int lu_lanes() {
 #ifdef NEML2_DISPATCH_ROW_LU_LANES

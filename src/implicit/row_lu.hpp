@@ -68,17 +68,23 @@ void lu_solve(const T* lu, const std::int64_t* pivot, std::int64_t n, T* x, std:
 /// AVX2, else 1.
 [[nodiscard]] int lu_lanes();
 
-/// Room for `count` doubles, aligned for lu_solve_lanes.
+/// Room for `count` doubles, aligned for lu_solve_lanes: storage this thread used before
+/// and let go, when there is some. A pass takes its buffers anew each time, and a fresh
+/// kilobyte from glibc there makes it merge the small blocks the graph calls between
+/// passes free, sending each of their ~1,000 allocations a call down its slow path.
 class LaneBuffer {
 public:
-  explicit LaneBuffer(std::int64_t count)
-      : _blocks(static_cast<std::size_t>((count + 7) / 8)) {}
+  explicit LaneBuffer(std::int64_t count);
+  ~LaneBuffer();
+  LaneBuffer(const LaneBuffer&) = delete;
+  LaneBuffer& operator=(const LaneBuffer&) = delete;
   double* data() { return _blocks.front().values; }
 
-private:
   struct alignas(64) Block {
     double values[8];
   };
+
+private:
   std::vector<Block> _blocks;
 };
 

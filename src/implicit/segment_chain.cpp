@@ -11,6 +11,7 @@
 #include <map>
 
 #include <ATen/ATen.h>
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
 #include <neml2/errors.hpp>
@@ -618,12 +619,22 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
                                 const std::vector<at::Tensor>& g,
                                 const std::vector<at::Tensor>& params) const {
   const auto args = graph_args(u, g, params);
+  if (runs_on_rows(u.front(), _config)) {
+    // The graphs' results are read by the row solve alone: inference tensors (no version
+    // counter each), as in the row pass.
+    std::vector<at::Tensor> a_blocks, b_blocks;
+    {
+      const c10::InferenceMode inference;
+      a_blocks = step.newton.jacobian(args);
+      b_blocks = step.jacobian_given(args);
+    }
+    a_blocks.resize(step.a_blocks);
+    return ift_pairs(*step.segment,
+                     minus_solve_rows(a_blocks, b_blocks, step.segment->residual_groups.size()));
+  }
   auto operators = step.newton.jacobian(args);
   operators.resize(step.a_blocks);
   const auto b_blocks = step.jacobian_given(args);
-  if (runs_on_rows(u.front(), _config))
-    return ift_pairs(*step.segment,
-                     minus_solve_rows(operators, b_blocks, step.segment->residual_groups.size()));
   operators.insert(operators.end(), b_blocks.begin(), b_blocks.end());
   return step.solve_ift(operators);
 }

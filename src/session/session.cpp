@@ -15,6 +15,7 @@
 #include "core/device_sync.hpp"
 #include "core/shape_text.hpp"
 #include "graph/graph.hpp"
+#include "graph/landing.hpp"
 #include "implicit/segment_chain.hpp"
 #include "session/call_protocol.hpp"
 #include "session/result_memory.hpp"
@@ -612,8 +613,12 @@ std::vector<at::Tensor> detail::CallProtocol::run(const Session& s, Operation op
   std::optional<c10::DeviceGuard> on_device;
   if (!m.torch_device.is_cpu())
     on_device.emplace(m.torch_device);
-  if (m.chain)
+  if (m.chain) {
+    // The tensors of an implicit step (its Newton's working set, its graphs' results) are
+    // small blocks kept for this thread, as the graphs' intermediates are.
+    const detail::Recycling small_blocks;
     return m.chain->run(op, chunk);
+  }
   if (places.empty() || !m.torch_device.is_cpu())
     return m.run_explicit(op, chunk);
   // An explicit model's graphs keep nothing past the call, so their results may land in
