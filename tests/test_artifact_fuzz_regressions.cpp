@@ -4,6 +4,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <optional>
 #include <sstream>
 
 #include <caffe2/serialize/inline_container.h>
@@ -45,8 +46,10 @@ bool has(const std::string& text, const std::string& part) {
 }
 
 // A real graph package rewritten by PyTorch's own archive writer (valid CRC-32s), its
-// generated wrapper's source edited by `edit`.
-std::string repackaged(const std::function<void(std::string&)>& edit) {
+// generated wrapper's source edited by `edit`; given `version`, with an old-style version
+// record (`<folder>/version`) holding it (torch 2.12's writer then writes no other).
+std::string repackaged(const std::function<void(std::string&)>& edit,
+                       const std::optional<std::string>& version = std::nullopt) {
   caffe2::serialize::PyTorchStreamReader reader(
       (fs::path(NEML2_DISPATCH_TEST_ARTIFACTS) / "elasticity" / "elasticity" / "cpu" / "float64" /
        "elasticity.pt2")
@@ -64,6 +67,8 @@ std::string repackaged(const std::function<void(std::string&)>& edit) {
     if (record != ".data/version" && record != ".data/serialization_id" && record != "byteorder")
       writer.writeRecord(record, text.data(), text.size()); // the rest the writer writes itself
   }
+  if (version)
+    writer.writeRecord("version", version->data(), version->size());
   writer.writeEndOfFile();
   return bytes;
 }
@@ -217,6 +222,16 @@ TEST_CASE("an archive PyTorch's reader would refuse on opening is a FatalError b
   good.replace(entry, 8, "/versioX");
   const auto missing = package_error(good);
   CHECK_MESSAGE(has(missing, "it holds no version record ('archive/version')"), missing);
+  // A version record PyTorch's reader cannot parse, or a version it does not read.
+  const auto words = package_error(repackaged([](std::string&) {}, "seven\n"));
+  CHECK_MESSAGE(has(words, "its version record holds 'seven', not a number"), words);
+  const auto future = package_error(repackaged([](std::string&) {}, "99\n"));
+  CHECK_MESSAGE(has(future, "its archive format version 99 is not one PyTorch reads (1 to "),
+                future);
+  // The same package with a version it reads is no error: what the two above test is the
+  // version alone.
+  CHECK_NOTHROW((void)neml2::detail::read_graph_signature(repackaged([](std::string&) {}, "3\n"),
+                                                          "r/cpu/float64/m.pt2"));
 }
 
 TEST_CASE("every seed of the fuzz corpora parses or is a FatalError") {
