@@ -45,8 +45,8 @@ using VariablePairJacobian = std::map<std::string, TensorMap>;
 /// Thread safety: const use from several threads runs the graphs concurrently up to the
 /// session's `concurrency` (on the CPU, at least the hardware threads), blocking beyond;
 /// `set_parameter`, writes through `named_parameters()` and `set_solver_config` must not overlap a
-/// call. Each thread that has run a CPU graph call keeps the small blocks (at most 64 KiB
-/// each) it frees, up to 4 MiB, for its next graph calls; they are freed when it ends.
+/// call. Each thread that has run a CPU graph call keeps the small blocks (at most 1 MiB
+/// each) it frees, up to 8 MiB, for its next calls; they are freed when it ends.
 /// @see DispatchedModel, which chunks a batch over sessions.
 class Session {
 public:
