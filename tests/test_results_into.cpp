@@ -443,6 +443,34 @@ TEST_CASE("a CPU graph call recycles the small blocks its earlier calls freed") 
       .join();
 }
 
+TEST_CASE("a call of a model with a solve recycles between its graph calls; an explicit one not") {
+  // Between two graph calls (where the observer runs): an allocation freed, then one of the
+  // same size. Recycled when the chain's scope covers it; as before in an explicit model.
+  const auto between_calls = [](const auto& m, const TensorMap& in) {
+    std::vector<bool> recycled;
+    neml2::detail::observe_graph_calls([&](const std::string&, std::int64_t) {
+      const auto before = reused();
+      static_cast<void>(doubles(100));
+      static_cast<void>(doubles(100));
+      recycled.push_back(reused() > before);
+    });
+    const auto stop = c10::make_scope_exit([] { neml2::detail::observe_graph_calls({}); });
+    static_cast<void>(m.forward(in));
+    return recycled;
+  };
+  std::thread([&] { // a thread of its own: nothing kept before
+    const auto implicit = load_model(test::stub("scalar_backward_euler_params", "model"), "model");
+    const auto calls = between_calls(implicit, backward_euler_inputs(3));
+    REQUIRE(calls.size() >= 2); // the Newton iterations
+    CHECK(std::all_of(calls.begin(), calls.end(), [](bool r) { return r; }));
+    const auto explicit_model = load_model(test::stub("elasticity", "elasticity"), "elasticity");
+    const auto plain = between_calls(explicit_model, test::Reference("elasticity").group("b33/in"));
+    REQUIRE(plain.size() == 1);
+    CHECK_FALSE(plain.front());
+  })
+      .join();
+}
+
 TEST_CASE("what a graph-call observer allocates and keeps, or a call it makes, is never the "
           "caller's memory") {
   const auto stub = test::stub("elasticity_params", "elasticity");

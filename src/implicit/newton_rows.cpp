@@ -281,12 +281,9 @@ public:
 private:
   std::int64_t size() const { return static_cast<std::int64_t>(_index.size()); }
 
-  // A graph at unknowns `u` of the working set. Its results are read here and never leave,
-  // so they are made as inference tensors: no version counter each, for the hundreds of
-  // tensors a graph call makes (a third of its allocations at small batches).
+  // A graph at unknowns `u` of the working set.
   std::vector<at::Tensor> call(const GraphFn& graph, const std::vector<at::Tensor>& u) const {
-    const c10::InferenceMode inference;
-    return graph(graph_args(u, _g, _params));
+    return call_for_rows(graph, graph_args(u, _g, _params));
   }
 
   // Row i leaves the working set: its unknowns, norm and flag into the batch's result.
@@ -562,6 +559,11 @@ private:
 };
 
 } // namespace
+
+std::vector<at::Tensor> call_for_rows(const GraphFn& graph, const std::vector<at::Tensor>& args) {
+  const c10::InferenceMode inference;
+  return graph(args);
+}
 
 bool runs_on_rows(const at::Tensor& like, const SolverConfig& config) {
   return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble;

@@ -24,6 +24,12 @@ namespace neml2::detail {
 [[nodiscard]] bool runs_on_rows(const NewtonGraphs& graphs, const at::Tensor& like,
                                 const SolverConfig& config);
 
+/// `graph` on `args`, its results for the row pass alone (read in place, never returned to
+/// a caller): made in inference mode, without a version counter for each of the hundreds
+/// of tensors an AOTI call makes (a third of its allocations at small batches).
+[[nodiscard]] std::vector<at::Tensor> call_for_rows(const GraphFn& graph,
+                                                    const std::vector<at::Tensor>& args);
+
 /// newton_solve's contract, on rows (runs_on_rows). Every row that iterates is in the
 /// working set of each graph call, and no other: rows leave it as soon as they converge or
 /// fail. A row whose A has a zero or non-finite pivot fails, with its last residual norm.

@@ -11,7 +11,6 @@
 #include <map>
 
 #include <ATen/ATen.h>
-#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 
 #include <neml2/errors.hpp>
@@ -620,17 +619,11 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
                                 const std::vector<at::Tensor>& params) const {
   const auto args = graph_args(u, g, params);
   if (runs_on_rows(u.front(), _config)) {
-    // The graphs' results are read by the row solve alone: inference tensors (no version
-    // counter each), as in the row pass.
-    std::vector<at::Tensor> a_blocks, b_blocks;
-    {
-      const c10::InferenceMode inference;
-      a_blocks = step.newton.jacobian(args);
-      b_blocks = step.jacobian_given(args);
-    }
+    auto a_blocks = call_for_rows(step.newton.jacobian, args);
     a_blocks.resize(step.a_blocks);
     return ift_pairs(*step.segment,
-                     minus_solve_rows(a_blocks, b_blocks, step.segment->residual_groups.size()));
+                     minus_solve_rows(a_blocks, call_for_rows(step.jacobian_given, args),
+                                      step.segment->residual_groups.size()));
   }
   auto operators = step.newton.jacobian(args);
   operators.resize(step.a_blocks);
@@ -642,9 +635,9 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
 std::vector<at::Tensor> SegmentChain::param_sensitivity(const ImplicitStep& step,
                                                         const std::vector<at::Tensor>& per_row,
                                                         const DenseLayout& layout) const {
-  auto operators = step.dr_dparam(per_row);
   if (!runs_on_rows(per_row.front(), _config))
-    return step.solve_param(operators);
+    return step.solve_param(step.dr_dparam(per_row));
+  const auto operators = call_for_rows(step.dr_dparam, per_row);
   const auto split = operators.begin() + static_cast<std::ptrdiff_t>(step.a_blocks);
   const auto du = minus_solve_rows({operators.begin(), split}, {split, operators.end()},
                                    step.segment->residual_groups.size());
