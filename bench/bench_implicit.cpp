@@ -31,8 +31,9 @@
 
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>
 #include <neml2/csrc/dispatchers/factory.h>
-#include <neml2/detail/graph_calls.hpp>
 #include <neml2/dispatch.hpp>
+
+#include "graph/graph_calls.hpp" // the library's private hook: graph calls counted
 
 namespace {
 

@@ -11,8 +11,7 @@
 
 #include <unistd.h>
 
-#include <neml2/detail/graph_calls.hpp>
-
+#include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 

@@ -131,7 +131,7 @@ TEST_CASE("one node: rank r takes devices[r % n] for every list that has a rank 
     if (n > size)
       continue;
     ++checked;
-    CAPTURE(neml2::detail::device_list_text(list));
+    CAPTURE(neml2::devices_text(list));
     const MPIRankAssign policy({.devices = list});
     CHECK(policy.rank() == rank);
     CHECK(policy.size() == size);

@@ -8,9 +8,8 @@
 #include <map>
 #include <string>
 
-#include <neml2/detail/graph_calls.hpp>
-
 #include "cube_root.hpp"
+#include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 

@@ -7,8 +7,8 @@
 #include <c10/core/CPUAllocator.h>
 #include <c10/util/ScopeExit.h>
 
-#include <neml2/detail/graph_calls.hpp>
-
+#include "graph/graph_calls.hpp"
+#include "graph/recycling.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 

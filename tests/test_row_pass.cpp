@@ -10,9 +10,8 @@
 #include <functional>
 #include <thread>
 
-#include <neml2/detail/graph_calls.hpp>
-
 #include "cube_root.hpp"
+#include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 

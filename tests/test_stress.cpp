@@ -23,10 +23,10 @@
 #include <random>
 #include <thread>
 
-#include <neml2/detail/graph_calls.hpp>
 #include <neml2/memory.hpp>
 
 #include "counting_allocator.hpp"
+#include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 

@@ -3,8 +3,7 @@
 #include <limits>
 #include <thread>
 
-#include <neml2/detail/graph_calls.hpp>
-
+#include "graph/graph_calls.hpp" // the library's private parts
 #include "model_checks.hpp"
 
 using namespace neml2;

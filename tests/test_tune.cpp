@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <set>
 
 #include <ATen/Parallel.h>
@@ -11,12 +12,16 @@
 #include <sys/stat.h>
 #include <torch/headeronly/version.h>
 
+#include <neml2/detail/tune_decisions.hpp>
 #include <neml2/tune.hpp>
 
 #include "reference.hpp"
 #include "scratch.hpp"
 
 using namespace neml2;
+using neml2::detail::choose_overlap_chunks; // the tuner's decisions, tested on their own
+using neml2::detail::chunk_overhead_from;
+using neml2::detail::run_sweep;
 using test::contains;
 namespace fs = std::filesystem;
 
@@ -243,6 +248,13 @@ TuneResult two_devices() {
   r.devices = {cpu, gpu};
   return r;
 }
+
+// parse_tune_file refuses `file` with a FatalError whose message holds `part`.
+void refused(const nlohmann::json& file, const std::string& part) {
+  CAPTURE(part);
+  CHECK_THROWS_WITH_AS((void)parse_tune_file(file.dump(), "t.json"),
+                       doctest::Contains(part.c_str()), FatalError);
+}
 } // namespace
 
 TEST_CASE("recommendations: best sizes alone, knees for the pool, priorities from speed") {
@@ -346,11 +358,6 @@ TEST_CASE("the tune file round trip keeps every field") {
 
 TEST_CASE("a malformed tune file is refused, naming the field") {
   const auto good = nlohmann::json::parse(tune_file_text(two_devices()));
-  const auto refused = [&](const nlohmann::json& file, const std::string& part) {
-    CAPTURE(part);
-    CHECK_THROWS_WITH_AS((void)parse_tune_file(file.dump(), "t.json"),
-                         doctest::Contains(part.c_str()), FatalError);
-  };
   for (const auto* key : {"format", "version", "model", "operation", "dtype", "torch_version",
                           "intra_op_threads", "host_cpu", "devices"}) {
     auto f = good;
@@ -402,6 +409,39 @@ TEST_CASE("a malformed tune file is refused, naming the field") {
   CHECK_THROWS_WITH_AS((void)read_tune_file("/nonexistent/t.json"),
                        doctest::Contains("cannot read the tune file /nonexistent/t.json"),
                        FatalError);
+}
+
+TEST_CASE("a tune file's integers must be integers that fit their fields") {
+  // Read with a plain cast before: 2^32 + 2 threads read as 2 (and then matched this
+  // machine), 2^64 - 1 rows as -1.
+  const auto good = nlohmann::json::parse(tune_file_text(two_devices()));
+  auto f = good;
+  f["intra_op_threads"] = std::int64_t{4294967298};
+  refused(f, "tune file t.json: field 'intra_op_threads' must be an integer from -2147483648 to "
+             "2147483647, not 4294967298; re-tune");
+  f = good;
+  f["devices"][0]["overlap_chunks"] = std::int64_t{4294967297};
+  refused(f, "field 'devices[0].overlap_chunks' must be an integer from -2147483648 to "
+             "2147483647, not 4294967297");
+  f = good;
+  f["devices"][0]["points"][0]["repeats"] = std::int64_t{4294967299};
+  refused(f, "field 'devices[0].points[0].repeats' must be an integer from");
+  f = good;
+  f["devices"][0]["points"][0]["rows"] = std::numeric_limits<std::uint64_t>::max();
+  refused(f, "field 'devices[0].points[0].rows' must be an integer from -9223372036854775808 to "
+             "9223372036854775807, not 18446744073709551615");
+  f = good;
+  f["version"] = 1e300;
+  refused(f, "field 'version' must be an integer, not 1e+300");
+  f = good;
+  f["devices"][1]["points"][0]["rows"] = 1024.5;
+  refused(f, "field 'devices[1].points[0].rows' must be an integer, not 1024.5");
+  f = good;
+  f["devices"][0]["overlap_chunks"] = true; // nlohmann would read 1
+  refused(f, "field 'devices[0].overlap_chunks' must be an integer, not boolean");
+  f = good;
+  f["devices"][0] = 7;
+  refused(f, "field 'devices[0]' must be an object, not number");
 }
 
 TEST_CASE("a tune file that is not a regular file, or far larger than any, is refused unread") {

@@ -96,6 +96,14 @@ inline std::ostream& operator<<(std::ostream& os, const Device& device) {
   return os << device.str();
 }
 
+/// "{cpu, cuda:0}": a list of devices for error messages.
+inline std::string devices_text(std::span<const Device> devices) {
+  std::string text;
+  for (const auto& d : devices)
+    text += (text.empty() ? "{" : ", ") + d.str();
+  return text.empty() ? "{}" : text + "}";
+}
+
 /// "cpu, cuda, xpu, hip, mps": for error messages.
 inline std::string known_device_families_text() {
   std::string text;

@@ -101,8 +101,7 @@ private:
   }
 
   static Policy validated(Policy policy) {
-    if constexpr (requires { policy.validate(); })
-      policy.validate();
+    detail::validate_policy(policy);
     return policy;
   }
 };

@@ -17,7 +17,8 @@
 /// };
 /// static_assert(neml2::DispatchPolicy<MyPolicy>);
 /// @endcode
-/// An asynchronous policy is asked, on the calling thread, for the next chunk given the
+/// An asynchronous policy is asked (by a calling thread, or by a worker as a chunk completes,
+/// one at a time) for the next chunk given the
 /// rows in flight on each device, and is told when a chunk is dispatched and when it
 /// completes. What it learns lives in its `state_type` (optional, default `no_state`):
 /// the model owns one, and calls the three hooks with it under one lock, so a policy
@@ -39,7 +40,10 @@
 /// @endcode
 /// Optional members: `validate() const` (called when a model is loaded with the policy),
 /// and for asynchronous policies `chunks_in_flight(std::size_t device) const`, how many
-/// chunks may run at once on an accelerator (streams, loader runners; default 1).
+/// chunks may run at once on an accelerator (streams, loader runners; 1 to 1024, default
+/// 1; asked once per accelerator when a model is made). What each answer means, and its
+/// checks, are detail/policy_protocol.hpp's: a model, the simulator and the Python adapter
+/// ask alike.
 
 #include <concepts>
 #include <cstddef>
@@ -64,6 +68,10 @@ struct ChunkChoice {
   std::size_t device = 0; ///< index into the policy's devices
   std::int64_t rows = 0;  ///< rows of the next chunk
 };
+
+/// The most chunks an asynchronous policy may keep in flight on one accelerator
+/// (`chunks_in_flight(d)`; a worker each).
+inline constexpr std::int64_t max_chunks_in_flight = 1024;
 
 /// The state of a policy that keeps none.
 struct no_state {};

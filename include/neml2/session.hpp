@@ -3,7 +3,7 @@
 /// @file session.hpp
 /// @brief One device's compiled graphs of one artifact: the thin layer that calls them.
 /// No AOTI header is visible here, and at::Tensor is only declared (include ATen to make
-/// and read tensors); the loaders live in src/session.cpp.
+/// and read tensors); the implementation lives in src/session/.
 
 #include <map>
 #include <memory>
@@ -12,24 +12,12 @@
 #include <vector>
 
 #include <neml2/artifact.hpp>
-
-namespace at {
-class Tensor; // declared only: the calls take and give tensors, made with ATen's operators
-}
+#include <neml2/tensor_map.hpp>
 
 namespace neml2 {
-
-/// The operations a compiled model offers.
-enum class Operation { forward, jvp, jacobian, param_jacobian, param_vjp };
-
 namespace detail {
 struct CallProtocol;
 }
-
-/// Tensors keyed by variable (or parameter) name.
-using TensorMap = std::map<std::string, at::Tensor>;
-/// `J[out][in]`: the Jacobian block of output `out` with respect to `in`.
-using VariablePairJacobian = std::map<std::string, TensorMap>;
 
 /// @brief The compiled graphs of one artifact on one device, called by name.
 ///

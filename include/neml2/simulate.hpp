@@ -5,9 +5,11 @@
 /// entered by hand) replayed through a real dispatch policy, to plan a node one does not
 /// have (eight GPUs beside the CPU) before running on it.
 ///
-/// The policy is called exactly as DispatchedModel calls it: next_chunk() with the rows in
-/// flight per device until it waits, on_dispatched() per chunk, on_completed() with the
-/// chunk's seconds as each completes (in completion order; ties in dispatch order). A chunk
+/// The policy is asked exactly as DispatchedModel asks it, through the same protocol
+/// (detail/policy_protocol.hpp: the same checks, the same errors): compute_device() and
+/// chunk_rows() once per call; or next_chunk() with the rows in flight per device until it
+/// waits, on_dispatched() per chunk, on_completed() with the chunk's seconds as each
+/// completes (in completion order; ties in dispatch order). A chunk
 /// waits for a free lane of its device (chunks_in_flight, on accelerators), copies its rows
 /// (`transfer_seconds_per_row`, overlapping other chunks' compute), then computes for
 /// `chunk_overhead` + rows / throughput(rows), one chunk at a time per device.
@@ -31,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include <neml2/detail/policy_protocol.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/policy.hpp>
 #include <neml2/tune.hpp>
@@ -147,13 +150,12 @@ inline constexpr std::size_t max_simulated_chunks = std::size_t{1} << 21;
 
 /// @brief Runs `calls` calls of `batch` rows through `policy` on `devices` (one per device
 /// the policy lists, in its order). The policy's state lives across calls, as it does in a
-/// model, so an adaptive policy learns in the first call. Errors of the policy are the
-/// FatalErrors DispatchedModel would throw.
+/// model, so an adaptive policy learns in the first call. A policy's bad answer is the
+/// FatalError DispatchedModel throws for it, word for word.
 template <DispatchPolicy Policy>
 Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devices,
                     std::int64_t batch, std::size_t calls = 1) {
-  if constexpr (requires { policy.validate(); })
-    policy.validate();
+  detail::validate_policy(policy);
   const auto listed = listed_devices(policy);
   if (listed.size() != devices.size())
     detail::simulate_refuse("the policy lists " + std::to_string(listed.size()) + " devices but " +
@@ -162,18 +164,14 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
   if (batch < 0 || calls < 1)
     detail::simulate_refuse("a simulation needs batch >= 0 and calls >= 1 (batch " +
                             std::to_string(batch) + ", calls " + std::to_string(calls) + ")");
-  std::vector<std::size_t> lanes(devices.size(), 1);
-  if constexpr (requires(std::size_t d) { policy.chunks_in_flight(d); })
-    for (std::size_t d = 0; d < devices.size(); ++d)
-      if (listed[d].is_accelerator())
-        lanes[d] = std::max<std::size_t>(static_cast<std::size_t>(policy.chunks_in_flight(d)), 1);
-  detail::VirtualNode node({devices.begin(), devices.end()}, lanes);
+  detail::VirtualNode node({devices.begin(), devices.end()},
+                           detail::chunks_in_flight(policy, listed));
   std::vector<SimulatedChunk> timeline;
   std::vector<double> call_ends;
   double now = 0;
 
   if constexpr (is_asynchronous_policy_v<Policy>) {
-    policy_state_t<Policy> state{};
+    detail::PolicyWithState<Policy> asked(policy);
     std::vector<std::int64_t> rows_in_flight(devices.size(), 0);
     struct Pending {
       double end, seconds;
@@ -185,28 +183,12 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
       std::size_t index = 0;
       const auto dispatch = [&] {
         while (first < batch) {
-          const auto choice = policy.next_chunk(std::span<const std::int64_t>(rows_in_flight),
-                                                batch - first, state);
-          if (!choice) {
-            if (std::all_of(rows_in_flight.begin(), rows_in_flight.end(),
-                            [](std::int64_t r) { return r == 0; }))
-              detail::simulate_refuse(
-                  "the dispatch policy's next_chunk() gave no chunk while every device was idle (" +
-                  std::to_string(batch - first) + " of " + std::to_string(batch) +
-                  " rows left); return a ChunkChoice when a device has room, and nullopt only to "
-                  "wait for a chunk in flight");
+          const auto choice = detail::next_chunk(
+              asked, std::span<const std::int64_t>(rows_in_flight), batch - first, batch, listed);
+          if (!choice)
             return;
-          }
-          if (choice->device >= devices.size() || choice->rows < 1 || choice->rows > batch - first)
-            detail::simulate_refuse("the dispatch policy's next_chunk() chose " +
-                                    std::to_string(choice->rows) + " rows for device index " +
-                                    std::to_string(choice->device) + " with " +
-                                    std::to_string(batch - first) + " rows remaining and " +
-                                    std::to_string(devices.size()) +
-                                    " devices; a chunk takes 1 to the remaining rows on a "
-                                    "listed device");
           detail::check_chunk_count(timeline.size(), 1, 1, batch, calls);
-          policy.on_dispatched(choice->device, choice->rows, state);
+          asked.on_dispatched(choice->device, choice->rows);
           rows_in_flight[choice->device] += choice->rows;
           SimulatedChunk chunk{.call = call,
                                .index = index++,
@@ -230,38 +212,27 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
         now = std::max(now, done.end);
         const auto& chunk = timeline[done.order];
         rows_in_flight[chunk.device] -= chunk.rows;
-        policy.on_completed(chunk.device, chunk.rows, done.seconds, state);
+        asked.on_completed(chunk.device, chunk.rows, done.seconds);
         dispatch();
       }
       call_ends.push_back(now);
     }
   } else {
-    std::size_t d = devices.size();
-    for (std::size_t k = 0; k < listed.size(); ++k)
-      if (listed[k] == Device(policy.compute_device()))
-        d = k;
-    if (d == devices.size())
-      detail::simulate_refuse("the dispatch policy's compute_device() is not among its devices()");
     for (std::size_t call = 0; call < calls; ++call) {
-      auto rows = static_cast<std::int64_t>(policy.chunk_rows(batch));
-      if (rows < 0)
-        detail::simulate_refuse("the dispatch policy's chunk_rows() returned " +
-                                std::to_string(rows) + "; it must return >= 0");
-      rows = rows == 0 ? batch : std::min(rows, batch);
+      // Not a structured binding: the lambda below captures them (clang 14 cannot).
+      const auto decision = detail::decide_synchronous(policy, listed, batch);
+      const auto d = decision.device;
+      const auto rows = decision.rows;
       if (batch > 0) // every call's chunks counted before any is scheduled
         detail::check_chunk_count(timeline.size(), static_cast<std::size_t>((batch - 1) / rows + 1),
                                   calls - call, batch, calls);
-      std::size_t index = 0;
-      for (std::int64_t first = 0; first < batch;) {
-        SimulatedChunk chunk{.call = call,
-                             .index = index++,
-                             .device = d,
-                             .first = first,
-                             .rows = std::min(rows, batch - first)};
-        first += chunk.rows; // never past batch: no overflow near INT64_MAX
-        now = node.run(chunk, now).first;
-        timeline.push_back(chunk);
-      }
+      detail::for_each_chunk(
+          batch, rows, [&](std::int64_t first, std::int64_t n, std::size_t index) {
+            SimulatedChunk chunk{
+                .call = call, .index = index, .device = d, .first = first, .rows = n};
+            now = node.run(chunk, now).first;
+            timeline.push_back(chunk);
+          });
       call_ends.push_back(now);
     }
   }

@@ -16,8 +16,9 @@
 ///     std::make_shared<const neml2::Artifact>(artifact),
 ///     neml2::tuned_policy<neml2::GreedyPriorityCapacity>("model.tune.json", artifact));
 /// @endcode
-/// The sweep's decisions are plain code over measurements (Sweep, knee, recommend), so
-/// they are tested on synthetic timings; tune() feeds them real ones.
+/// The sweep's decisions are plain code over measurements (Sweep, knee, recommend, and
+/// those in neml2/detail/tune_decisions.hpp), so they are tested on synthetic timings;
+/// tune() feeds them real ones.
 /// @see docs/tuning.md
 
 #include <cstdint>
@@ -36,6 +37,7 @@
 #include <neml2/artifact.hpp>
 #include <neml2/device.hpp>
 #include <neml2/policies/greedy_priority_capacity.hpp>
+#include <neml2/policies/mpi_rank_assign_settings.hpp>
 #include <neml2/policies/sync_chunking.hpp>
 
 namespace neml2 {
@@ -144,11 +146,6 @@ private:
 /// The point of a Timing (rows per second from each repeat's seconds).
 [[nodiscard]] TunePoint summarize(std::int64_t rows, const Timing& timing);
 
-/// Runs a sweep with `measure`; `on_point` (optional) sees each point as it is measured.
-[[nodiscard]] Sweep
-run_sweep(const std::function<Timing(std::int64_t rows)>& measure, SweepOptions options = {},
-          const std::function<void(const TunePoint&, const Sweep&)>& on_point = {});
-
 // ---------------------------------------------------------------------------- the table
 
 /// One device's curve: its points by size, and what the machine key holds for it.
@@ -189,12 +186,6 @@ struct TuneResult {
 };
 
 // --------------------------------------------------------------------- recommendations
-
-/// MPIRankAssign's configuration without MPI: pass them as `MPIRankAssign::Config`.
-struct MPIRankAssignSettings {
-  std::vector<Device> devices = {};           ///< every device tuned, in the table's order
-  std::vector<std::int64_t> batch_sizes = {}; ///< rows per chunk: each device's best size
-};
 
 /// Policies recommended from a table: SyncChunking per device at its best size (the
 /// smallest within `sync_fraction` of the best median: sizes closer than that are within
@@ -324,7 +315,7 @@ struct TuneOptions {
   std::function<void(std::size_t, const TunePoint&, const Sweep&)> on_point = {};
   /// Called after each device's lane test (device index, the calls through the calling
   /// thread, the same calls through the pool, chunks per call): what chunk_overhead was
-  /// made from (chunk_overhead_from).
+  /// made from.
   std::function<void(std::size_t, const Timing&, const Timing&, std::int64_t)> on_lane_test = {};
 };
 
@@ -349,18 +340,6 @@ void call_operation(const Model& model, const std::string& operation,
     throw FatalError("operation '" + operation +
                      "' is not one tune() measures; use forward, jacobian or param_jacobian");
 }
-
-/// The fewest chunks in flight whose throughput is within `improvement` of the best of
-/// an overlap test: (chunks in flight, rows per second) pairs. 1 when none is given.
-[[nodiscard]] int choose_overlap_chunks(const std::vector<std::pair<int, double>>& measured,
-                                        double improvement = 0.03);
-
-/// The lane test's verdict: seconds per chunk that a pool's lane added, from timings of the
-/// same call through the calling thread (`direct`) and through the pool (`lane`), each of
-/// `chunks` chunks: the difference of the medians over `chunks`, >= 0 (0 when either list
-/// is empty, as for a size that ran out of memory).
-[[nodiscard]] double chunk_overhead_from(std::vector<double> direct, std::vector<double> lane,
-                                         std::int64_t chunks);
 
 /// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch), then
 /// runs the overlap and lane tests the options ask for.

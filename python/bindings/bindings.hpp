@@ -63,18 +63,40 @@ auto run_callback(const std::string& who, F&& f) {
 /// The name of `value`'s type, for messages.
 std::string type_name(py::handle value);
 
+// Conversions (conversions.cpp): the caller's tensors in, the library's out, never copied.
+
+/// A torch.Tensor as the library's tensor; a FatalError naming `where` for anything else.
+at::Tensor to_tensor(py::handle value, const std::string& where);
 /// A dict of tensors keyed by name as the library's map (the same tensors, no copy); a
 /// FatalError naming `what` for anything else.
 TensorMap to_map(py::handle value, const char* what);
-
-/// The artifact of model `name` (optional for one-model stubs) at `path`.
-std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,
-                                              const std::optional<std::string>& name);
+/// A dict of dicts of tensors (Jacobian blocks J[out][in]).
+VariablePairJacobian to_blocks(py::handle value, const char* what);
+/// A list or tuple of tensors, in a prepared call's order.
+std::vector<at::Tensor> to_list(py::handle value, const char* what);
+/// Results as a dict by name, blocks as a dict of dicts.
+py::dict to_dict(const TensorMap& map);
+py::dict to_dict(const VariablePairJacobian& blocks);
+/// Tensors, or shapes as lists of int, as a Python list.
+py::list to_py_list(const std::vector<at::Tensor>& tensors);
+py::list to_py_list(const std::vector<Shape>& shapes);
 
 /// Devices as strings, and back.
 std::vector<std::string> device_strings(const std::vector<Device>& devices);
 std::vector<Device> devices_of(const std::vector<std::string>& names);
 
+/// The artifact of model `name` (optional for one-model stubs) at `path` (model.cpp).
+std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,
+                                              const std::optional<std::string>& name);
+
+// The module's parts, each adding its classes and functions to `m`.
+
+/// SyncChunking and GreedyPriorityCapacity (value_types.cpp).
+void bind_policies(py::module_& m);
+/// SolverConfig and KrylovConfig (value_types.cpp).
+void bind_solver_config(py::module_& m);
+/// Model, PreparedCall, ChunkEvent and load_model (model.cpp).
+void bind_model(py::module_& m);
 /// tuned_policy, artifact info, the tuner and the simulator (tools.cpp).
 void bind_tools(py::module_& m);
 

@@ -4,6 +4,8 @@
 // per call; "asynchronous": next_chunk(rows_in_flight, remaining) -> (device, rows) or
 // None, on_dispatched(device, rows), on_completed(device, rows, seconds), under the
 // model's lock (so the object may keep its own state, as a C++ policy's state_type).
+// This file only converts: what the answers mean, and their checks, are the C++ policies'
+// (neml2/detail/policy_protocol.hpp), so a Python policy is asked and refused as one.
 
 #include <cstddef>
 #include <cstdint>
@@ -42,8 +44,13 @@ std::int64_t convert<std::int64_t>(py::handle value, const char* name) {
   if (!PyLong_Check(value.ptr()))
     throw FatalError(std::string("the Python policy's ") + name + "() returned a " +
                      py::str(py::type::of(value).attr("__name__")).cast<std::string>() +
-                     "; it must return an int (rows)");
-  return value.cast<std::int64_t>();
+                     "; it must return an int");
+  int overflow = 0;
+  const auto n = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
+  if (overflow != 0)
+    throw FatalError(std::string("the Python policy's ") + name + "() returned " +
+                     py::repr(value).cast<std::string>() + ", beyond a 64-bit integer");
+  return static_cast<std::int64_t>(n);
 }
 
 template <>
@@ -56,11 +63,12 @@ std::optional<ChunkChoice> convert<std::optional<ChunkChoice>>(py::handle value,
     throw FatalError(std::string("the Python policy's ") + name + "() returned " +
                      py::repr(value).cast<std::string>() +
                      "; it must return (device index, rows) or None to wait");
-  const auto device = value[py::int_(0)].cast<std::int64_t>();
+  const auto device = convert<std::int64_t>(PyTuple_GET_ITEM(value.ptr(), 0), name);
   if (device < 0)
     throw FatalError(std::string("the Python policy's ") + name + "() chose device index " +
                      std::to_string(device) + "; return an index into its devices");
-  return ChunkChoice{static_cast<std::size_t>(device), value[py::int_(1)].cast<std::int64_t>()};
+  return ChunkChoice{static_cast<std::size_t>(device),
+                     convert<std::int64_t>(PyTuple_GET_ITEM(value.ptr(), 1), name)};
 }
 
 // Calls object.name(args...) as a callback: a Python exception becomes a FatalError that
@@ -84,6 +92,13 @@ std::vector<Device> devices_of(const py::object& object) {
   return devices;
 }
 
+// Its validate(), when it has one.
+void validate_object(const Held& object) {
+  if (py::gil_scoped_acquire gil; !py::hasattr(*object, "validate"))
+    return;
+  call<void>(object, "validate");
+}
+
 /// A synchronous policy in Python.
 struct PythonSynchronousPolicy {
   using dispatch_mode = synchronous;
@@ -92,6 +107,7 @@ struct PythonSynchronousPolicy {
   std::vector<Device> listed;
 
   [[nodiscard]] const std::vector<Device>& devices() const { return listed; }
+  void validate() const { validate_object(object); }
   [[nodiscard]] Device compute_device() const {
     return Device(call<std::string>(object, "compute_device"));
   }
@@ -108,8 +124,9 @@ struct PythonAsynchronousPolicy {
 
   Held object;
   std::vector<Device> devices;
-  std::vector<std::size_t> in_flight; // chunks_in_flight(d), read once; empty: 1 each
+  bool has_chunks_in_flight = false;
 
+  void validate() const { validate_object(object); }
   [[nodiscard]] std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
                                                       std::int64_t remaining, no_state&) const {
     const std::vector<std::int64_t> loads(rows_in_flight.begin(), rows_in_flight.end());
@@ -121,8 +138,8 @@ struct PythonAsynchronousPolicy {
   void on_completed(std::size_t device, std::int64_t rows, double seconds, no_state&) const {
     call<void>(object, "on_completed", device, rows, seconds);
   }
-  [[nodiscard]] std::size_t chunks_in_flight(std::size_t d) const {
-    return in_flight.empty() ? 1 : in_flight.at(d);
+  [[nodiscard]] std::int64_t chunks_in_flight(std::size_t d) const {
+    return has_chunks_in_flight ? call<std::int64_t>(object, "chunks_in_flight", d) : 1;
   }
 };
 static_assert(DispatchPolicy<PythonAsynchronousPolicy>);
@@ -155,18 +172,13 @@ std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::o
     throw FatalError("a Python policy must provide devices (a list of device strings, or a "
                      "method returning one): the devices it may use");
   auto devices = devices_of(policy);
-  if (py::hasattr(policy, "validate"))
-    policy.attr("validate")();
   if (mode == "synchronous") {
     require(policy, "synchronous", {"compute_device", "chunk_rows"});
     return PythonSynchronousPolicy{hold(policy), std::move(devices)};
   }
   require(policy, "asynchronous", {"next_chunk", "on_dispatched", "on_completed"});
-  std::vector<std::size_t> in_flight;
-  if (py::hasattr(policy, "chunks_in_flight"))
-    for (std::size_t d = 0; d < devices.size(); ++d)
-      in_flight.push_back(policy.attr("chunks_in_flight")(d).cast<std::size_t>());
-  return PythonAsynchronousPolicy{hold(policy), std::move(devices), std::move(in_flight)};
+  return PythonAsynchronousPolicy{hold(policy), std::move(devices),
+                                  py::hasattr(policy, "chunks_in_flight")};
 }
 
 } // namespace

@@ -124,6 +124,66 @@ def test_a_python_policys_bad_answers_are_fatal_errors_never_a_hang(elasticity, 
     assert re.search(message, str(caught.value) + "\n" + caught.value.details), str(caught.value)
 
 
+class Counting(EveryN):
+    """Synchronous, counting both questions."""
+
+    def __init__(self, n):
+        super().__init__(n)
+        self.devices_asked = 0
+
+    def compute_device(self):
+        self.devices_asked += 1
+        return "cpu"
+
+
+@pytest.mark.parametrize("rows", [0, 7])
+def test_a_synchronous_python_policy_is_asked_once_a_call(elasticity, eager_elasticity, rows):
+    # No observer: a small dense forward() may go straight to the graph, and the policy is
+    # still asked each question once (as a C++ policy is, and as the simulator asks it).
+    policy = Counting(rows)
+    model = nd.load_model(elasticity, "elasticity", policy)
+    policy.devices_asked, policy.asked = 0, []
+    inputs = random_inputs(model, 33, seed=13)
+    out = model.forward(inputs)
+    assert (policy.devices_asked, policy.asked) == (1, [33])
+    check_close(out["stress"], raw(eager_elasticity.call_by_name(inputs)["stress"]), "once")
+    model.jacobian(inputs)
+    assert (policy.devices_asked, policy.asked) == (2, [33, 33])
+    nd.simulate(policy, [{"curve": [(1, 1e6)]}], 33, calls=2)
+    assert (policy.devices_asked, policy.asked) == (4, [33, 33, 33, 33])
+
+
+class InFlight(Shrinking):
+    """Asynchronous over the CPU and a GPU, with a bad number of chunks in flight (asked
+    when a model is made, before any session loads: no GPU needed to see the refusal)."""
+
+    def __init__(self, answer):
+        super().__init__()
+        self.answer = answer
+
+    def devices(self):
+        return ["cpu", "cuda:0"]
+
+    def chunks_in_flight(self, device):
+        return self.answer
+
+
+@pytest.mark.parametrize("policy", [
+    Answers(-1), Answers("many"), Answers(2**70), Chooses((5, 1)), Chooses((0, 0)),
+    Chooses((0, 4)), Chooses(None), InFlight(0), InFlight(-1), InFlight(2000), InFlight("two"),
+], ids=repr)
+def test_a_model_and_the_simulator_refuse_a_python_policys_bad_answer_alike(elasticity, policy):
+    with pytest.raises(nd.FatalError) as by_model:
+        nd.load_model(elasticity, policy).forward(
+            {"strain": torch.rand(3, 6, dtype=torch.float64)})
+    devices = policy.devices() if callable(policy.devices) else policy.devices
+    with pytest.raises(nd.FatalError) as by_simulator:
+        nd.simulate(policy, [{"curve": [(1, 1e6)]}] * len(devices), 3)
+    said = str(by_simulator.value)
+    assert "the dispatch policy's" in said or "the Python policy's" in said, said
+    assert said in str(by_model.value) + "\n" + by_model.value.details
+
+
 def test_a_python_policy_missing_a_method_is_refused_at_load(elasticity):
     class NoChunkRows:
         dispatch_mode = "synchronous"

@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <fstream>
-#include <limits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -13,6 +12,7 @@
 #include <neml2/artifact.hpp>
 
 #include "artifact/files.hpp"
+#include "core/json_fields.hpp"
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
@@ -22,69 +22,25 @@ namespace {
 
 // ---------------------------------------------------------------- metadata.json
 
-// "segments[0].package"; a top-level field is just its key.
-std::string join(const std::string& field, const std::string& key) {
-  return field.empty() ? key : field + "." + key;
-}
-
 constexpr std::string_view regenerate = "regenerate the artifact with neml2-compile";
 
-// Reads JSON fields with errors that name the file and the field.
-struct JsonReader {
+// metadata.json's fields, with errors that name the file and the field:
+// "<file>: field 'inputs[0].base_shape': missing; the file is not what ...".
+struct MetadataFields final : detail::JsonFields {
+  explicit MetadataFields(std::string file)
+      : file(std::move(file)) {}
+
   std::string file;
 
-  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
-    throw FatalError(fmt::format("{}: field '{}': {}; the file is not what neml2-compile 3.x "
-                                 "writes: regenerate the artifact with neml2-compile",
-                                 file, field, what));
-  }
-
-  const json& at(const json& j, const std::string& key, const std::string& field) const {
-    if (!j.is_object())
-      fail(field, "expected an object");
-    const auto it = j.find(key);
-    if (it == j.end())
-      fail(join(field, key), "missing");
-    return *it;
-  }
-
-  // nlohmann converts a JSON number to an integer with a plain cast: 1e300 or 2^64 - 1
-  // read as std::int64_t is undefined behaviour (found by fuzz_metadata). An integer field
-  // must hold a JSON integer that fits.
-  template <class T>
-  void check_integers(const json& v, const std::string& field) const {
-    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-      if (!v.is_number())
-        return; // nlohmann's own type error follows
-      if (!v.is_number_integer())
-        fail(field, fmt::format("{} is not an integer", v.dump()));
-      const bool fits =
-          v.is_number_unsigned()
-              ? v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())
-              : v.get<std::int64_t>() >= std::numeric_limits<T>::min() &&
-                    v.get<std::int64_t>() <= std::numeric_limits<T>::max();
-      if (!fits)
-        fail(field, fmt::format("{} is out of range", v.dump()));
-    } else if constexpr (std::is_same_v<T, Shape>) {
-      if (v.is_array())
-        for (const auto& e : v)
-          check_integers<std::int64_t>(e, field);
-    }
-  }
-
-  template <class T>
-  T get(const json& j, const std::string& key, const std::string& field) const {
-    const auto& v = at(j, key, field);
-    check_integers<T>(v, join(field, key));
-    T value;
-    try {
-      value = v.get<T>();
-    } catch (const json::exception& e) {
-      fail(join(field, key), e.what());
-    }
-    if constexpr (std::is_same_v<T, Shape>)
-      check_shape(value, join(field, key));
+  // A shape field, checked by check_shape.
+  Shape shape(const json& j, const std::string& key, const std::string& field) const {
+    auto value = get<Shape>(j, key, field);
+    check_shape(value, detail::field_path(field, key));
     return value;
+  }
+  Shape shape_or(const json& j, const std::string& key, const std::string& field,
+                 Shape fallback) const {
+    return j.contains(key) ? shape(j, key, field) : fallback;
   }
 
   // A variable's shape per row: small non-negative sizes (an SR2 is [6], an R4 [3, 3, 3, 3]).
@@ -101,33 +57,43 @@ struct JsonReader {
       fail(field, fmt::format("[{}] has more than {} values", fmt::join(shape, ", "), most));
   }
 
-  template <class T>
-  T get_or(const json& j, const std::string& key, const std::string& field, T fallback) const {
-    return j.contains(key) ? get<T>(j, key, field) : fallback;
-  }
-
   // A graph file name inside the <device>/<dtype>/ folder (empty when optional and absent).
   std::string package(const json& j, const std::string& key, const std::string& field,
                       bool required) const {
     auto name = required ? get<std::string>(j, key, field) : get_or<std::string>(j, key, field, "");
     if ((required && name.empty()) || (!name.empty() && (name.find('/') != std::string::npos ||
                                                          name == ".." || !name.ends_with(".pt2"))))
-      fail(join(field, key), fmt::format("'{}' is not the file name of a .pt2 graph in the "
-                                         "<device>/<dtype>/ folder",
-                                         name));
+      fail(detail::field_path(field, key), fmt::format("'{}' is not the file name of a .pt2 "
+                                                       "graph in the <device>/<dtype>/ folder",
+                                                       name));
     return name;
   }
 
-  const json& array(const json& j, const std::string& key, const std::string& field) const {
-    const auto& v = at(j, key, field);
-    if (!v.is_array())
-      fail(join(field, key), "expected an array");
-    return v;
+private:
+  std::string message(const std::string& field, const std::string& problem) const override {
+    return fmt::format("{}: field '{}': {}; the file is not what neml2-compile 3.x writes: "
+                       "regenerate the artifact with neml2-compile",
+                       file, field, problem);
+  }
+  std::string words(const detail::FieldProblem& problem) const override {
+    using Kind = detail::FieldProblem::Kind;
+    switch (problem.kind) {
+    case Kind::missing:
+      return "missing";
+    case Kind::wrong_type:
+      return problem.converter_message.empty() ? "expected " + problem.expected
+                                               : problem.converter_message;
+    case Kind::not_integer:
+      return fmt::format("{} is not an integer", problem.value->dump());
+    case Kind::out_of_range:
+      return fmt::format("{} is out of range", problem.value->dump());
+    }
+    return "malformed";
   }
 };
 
 std::map<std::string, std::string> aliases(const json& meta, const char* kind,
-                                           const JsonReader& r) {
+                                           const MetadataFields& r) {
   if (!meta.contains("boundary_aliases") || !meta["boundary_aliases"].contains(kind))
     return {};
   return r.get<std::map<std::string, std::string>>(meta["boundary_aliases"], kind,
@@ -139,7 +105,8 @@ std::string aliased(const std::map<std::string, std::string>& alias, const std::
   return it == alias.end() ? name : it->second;
 }
 
-std::vector<VariableSpec> read_variables(const json& meta, const char* kind, const JsonReader& r) {
+std::vector<VariableSpec> read_variables(const json& meta, const char* kind,
+                                         const MetadataFields& r) {
   const auto alias = aliases(meta, kind, r);
   std::vector<VariableSpec> vars;
   const auto& list = r.array(meta, kind, "");
@@ -149,14 +116,15 @@ std::vector<VariableSpec> read_variables(const json& meta, const char* kind, con
     v.name = r.get<std::string>(list[i], "name", field);
     v.public_name = aliased(alias, v.name);
     v.var_type = r.get_or<std::string>(list[i], "var_type", field, "");
-    v.base_shape = r.get<Shape>(list[i], "base_shape", field);
-    v.sub_batch_shape = r.get_or<Shape>(list[i], "sub_batch_shape", field, {});
+    v.base_shape = r.shape(list[i], "base_shape", field);
+    v.sub_batch_shape = r.shape_or(list[i], "sub_batch_shape", field, {});
     vars.push_back(std::move(v));
   }
   return vars;
 }
 
-std::vector<std::string> names_of(const json& list, const std::string& field, const JsonReader& r) {
+std::vector<std::string> names_of(const json& list, const std::string& field,
+                                  const MetadataFields& r) {
   std::vector<std::string> names;
   for (std::size_t i = 0; i < list.size(); ++i)
     names.push_back(r.get<std::string>(list[i], "name", fmt::format("{}[{}]", field, i)));
@@ -165,14 +133,14 @@ std::vector<std::string> names_of(const json& list, const std::string& field, co
 
 // Calls f(entry, "<field>.<key>[i]") for each entry of the array s[key].
 template <class F>
-void each_entry(const json& s, const char* key, const std::string& field, const JsonReader& r,
+void each_entry(const json& s, const char* key, const std::string& field, const MetadataFields& r,
                 F&& f) {
   const auto& list = r.array(s, key, field);
   for (std::size_t i = 0; i < list.size(); ++i)
     f(list[i], fmt::format("{}.{}[{}]", field, key, i));
 }
 
-ForwardSegment read_segment(const json& s, const std::string& field, const JsonReader& r) {
+ForwardSegment read_segment(const json& s, const std::string& field, const MetadataFields& r) {
   ForwardSegment seg;
   seg.package = r.package(s, "package", field, true);
   seg.inputs = names_of(r.array(s, "inputs", field), field + ".inputs", r);
@@ -181,21 +149,20 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
   seg.jvp_package = r.package(s, "jvp_package", field, false);
   if (!seg.jvp_package.empty())
     each_entry(s, "jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
-      seg.jacobian_pairs.push_back(
-          {r.get<std::string>(p, "out_var", f), r.get<std::string>(p, "in_var", f),
-           r.get<Shape>(p, "out_base_shape", f), r.get<Shape>(p, "in_base_shape", f),
-           r.get_or<Shape>(p, "in_sub_batch_shape", f, {}),
-           r.get_or<bool>(p, "batch_independent", f, false)});
+      seg.jacobian_pairs.push_back({r.get<std::string>(p, "out_var", f),
+                                    r.get<std::string>(p, "in_var", f),
+                                    r.shape(p, "out_base_shape", f), r.shape(p, "in_base_shape", f),
+                                    r.shape_or(p, "in_sub_batch_shape", f, {}),
+                                    r.get_or<bool>(p, "batch_independent", f, false)});
     });
   seg.param_jacobian_package = r.package(s, "param_jacobian_package", field, false);
   if (!seg.param_jacobian_package.empty()) {
     const auto& pairs = r.array(s, "param_jacobian_pairs", field);
     for (std::size_t i = 0; i < pairs.size(); ++i) {
       const auto f = fmt::format("{}.param_jacobian_pairs[{}]", field, i);
-      seg.param_jacobian_pairs.push_back({r.get<std::string>(pairs[i], "out_var", f),
-                                          r.get<std::string>(pairs[i], "param", f),
-                                          r.get<Shape>(pairs[i], "out_base_shape", f),
-                                          r.get<Shape>(pairs[i], "param_base_shape", f)});
+      seg.param_jacobian_pairs.push_back(
+          {r.get<std::string>(pairs[i], "out_var", f), r.get<std::string>(pairs[i], "param", f),
+           r.shape(pairs[i], "out_base_shape", f), r.shape(pairs[i], "param_base_shape", f)});
     }
   }
   seg.param_vjp_package = r.package(s, "param_vjp_package", field, false);
@@ -208,7 +175,7 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
 
 // A feature of an implicit segment this runtime does not run: refused at load, never a
 // wrong answer at run time.
-[[noreturn]] void unsupported(const JsonReader& r, const std::string& field,
+[[noreturn]] void unsupported(const MetadataFields& r, const std::string& field,
                               const std::string& feature, const std::string& fix) {
   throw FatalError(fmt::format("{}: {} uses {}, which neml2-dispatch does not support yet; {}",
                                r.file, field, feature, fix));
@@ -216,18 +183,18 @@ ForwardSegment read_segment(const json& s, const std::string& field, const JsonR
 
 std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char* key,
                                                       const std::string& field,
-                                                      const JsonReader& r) {
+                                                      const MetadataFields& r) {
   std::vector<ImplicitVariable> vars;
   each_entry(s, key, field, r, [&](const json& entry, const std::string& f) {
     ImplicitVariable v;
     v.name = r.get<std::string>(entry, "name", f);
     v.var_size = r.get<std::int64_t>(entry, "var_size", f);
-    v.base_shape = r.get<Shape>(entry, "base_shape", f);
+    v.base_shape = r.shape(entry, "base_shape", f);
     if (v.var_size != detail::numel(v.base_shape))
       r.fail(f + ".var_size",
              fmt::format("{} for base_shape [{}] of {} values", v.var_size,
                          fmt::join(v.base_shape, ", "), detail::numel(v.base_shape)));
-    if (!r.get_or<Shape>(entry, "sub_batch_shape", f, {}).empty())
+    if (!r.shape_or(entry, "sub_batch_shape", f, {}).empty())
       unsupported(r, f, "a sub-batched implicit variable",
                   "solve it with eager NEML2 or without sub-batch axes");
     v.role = r.get_or<std::string>(entry, "role", f, "static");
@@ -239,14 +206,14 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
 }
 
 std::vector<VariableGroup> read_groups(const json& s, const char* key, const std::string& field,
-                                       const JsonReader& r) {
+                                       const MetadataFields& r) {
   std::vector<VariableGroup> groups;
   each_entry(s, key, field, r, [&](const json& entry, const std::string& f) {
     const auto structure = r.get<std::string>(entry, "structure", f);
     if (structure != "dense")
       unsupported(r, f, fmt::format("a '{}' variable group", structure),
                   "only dense groups run here");
-    if (!r.get_or<Shape>(entry, "sub_batch_shape", f, {}).empty())
+    if (!r.shape_or(entry, "sub_batch_shape", f, {}).empty())
       unsupported(r, f, "a sub-batched variable group", "only plain-batch groups run here");
     groups.push_back({r.get<std::vector<std::string>>(entry, "var_names", f)});
   });
@@ -254,18 +221,18 @@ std::vector<VariableGroup> read_groups(const json& s, const char* key, const std
 }
 
 std::vector<std::string> optional_names(const json& s, const char* key, const std::string& field,
-                                        const JsonReader& r) {
-  return s.contains(key) ? names_of(r.array(s, key, field), join(field, key), r)
+                                        const MetadataFields& r) {
+  return s.contains(key) ? names_of(r.array(s, key, field), detail::field_path(field, key), r)
                          : std::vector<std::string>{};
 }
 
 // A derivative solve's descriptor ({kind: direct | krylov, krylov?}): whether it is
 // iterative. Iterative ones have no baked solve graph; we solve the assembled A instead.
 bool sensitivity_is_iterative(const json& s, const char* key, const std::string& field,
-                              const JsonReader& r) {
+                              const MetadataFields& r) {
   if (!s.contains(key))
     return false;
-  const auto where = join(field, key);
+  const auto where = detail::field_path(field, key);
   const auto kind = r.get<std::string>(s[key], "kind", where);
   if (kind != "direct" && kind != "krylov")
     r.fail(where + ".kind", fmt::format("'{}' is not a sensitivity solve neml2-dispatch knows "
@@ -275,7 +242,7 @@ bool sensitivity_is_iterative(const json& s, const char* key, const std::string&
 }
 
 ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
-                                      const JsonReader& r) {
+                                      const MetadataFields& r) {
   if (s.contains("predictor_feedback"))
     unsupported(r, field, "an iterated predictor (predictor_feedback)",
                 "use a predictor without feedback iterations");
@@ -319,11 +286,11 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
                                         "of the jacobian graph");
   if (s.contains("jacobian_pairs"))
     each_entry(s, "jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
-      seg.jacobian_pairs.push_back(
-          {r.get<std::string>(p, "out_var", f), r.get<std::string>(p, "in_var", f),
-           r.get<Shape>(p, "out_base_shape", f), r.get<Shape>(p, "in_base_shape", f),
-           r.get_or<std::int64_t>(p, "row_offset", f, 0),
-           r.get_or<std::int64_t>(p, "col_offset", f, 0)});
+      seg.jacobian_pairs.push_back({r.get<std::string>(p, "out_var", f),
+                                    r.get<std::string>(p, "in_var", f),
+                                    r.shape(p, "out_base_shape", f), r.shape(p, "in_base_shape", f),
+                                    r.get_or<std::int64_t>(p, "row_offset", f, 0),
+                                    r.get_or<std::int64_t>(p, "col_offset", f, 0)});
     });
   seg.dr_dparam_package = r.package(s, "dr_dparam_package", field, false);
   seg.solve_param_package = r.package(s, "solve_param_package", field, false);
@@ -336,12 +303,12 @@ ImplicitSegment read_implicit_segment(const json& s, const std::string& field,
     each_entry(s, "param_jacobian_pairs", field, r, [&](const json& p, const std::string& f) {
       seg.param_jacobian_pairs.push_back(
           {r.get<std::string>(p, "out_var", f), r.get<std::string>(p, "param", f),
-           r.get<Shape>(p, "out_base_shape", f), r.get<Shape>(p, "param_base_shape", f)});
+           r.shape(p, "out_base_shape", f), r.shape(p, "param_base_shape", f)});
     });
   return seg;
 }
 
-SolverConfig read_solver_config(const json& c, const JsonReader& r) {
+SolverConfig read_solver_config(const json& c, const MetadataFields& r) {
   SolverConfig config;
   const std::string f = "solver_config";
   config.atol = r.get_or<double>(c, "atol", f, config.atol);
@@ -577,7 +544,7 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
                                  "neml2-compile",
                                  file.string(), e.what()));
   }
-  const JsonReader r{file.string()};
+  const MetadataFields r{file.string()};
 
   Artifact a;
   a.root = root;
@@ -598,8 +565,8 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
     ParameterSpec p;
     p.name = r.get<std::string>(params[i], "name", field);
     p.public_name = aliased(param_alias, p.name);
-    p.shape = r.get<Shape>(params[i], "shape", field);
-    p.base_shape = r.get_or<Shape>(params[i], "param_base_shape", field, p.shape);
+    p.shape = r.shape(params[i], "shape", field);
+    p.base_shape = r.shape_or(params[i], "param_base_shape", field, p.shape);
     p.values = r.get<std::vector<double>>(params[i], "values", field);
     if (params[i].contains("dtype")) {
       const auto name = r.get<std::string>(params[i], "dtype", field);

@@ -1,6 +1,6 @@
 #pragma once
 
-// Reading what neml2-compile wrote, with errors of our own family (src/artifact.cpp), and
+// Reading what neml2-compile wrote, with errors of our own family (src/artifact/), and
 // the bounds every reader checks before a third-party parser sees the text.
 
 #include <cstddef>

@@ -157,7 +157,8 @@ std::vector<at::Tensor> in_model_order(std::span<const at::Tensor> inputs,
 
 std::vector<at::Tensor> PreparedCall::forward(std::span<const at::Tensor> inputs) const {
   return Calls::guarded(*_dispatcher, Operation::forward, [&] {
-    return _dispatcher->forward(in_model_order(inputs, _positions, _in_order));
+    detail::Request request{Operation::forward, in_model_order(inputs, _positions, _in_order)};
+    return _dispatcher->run(request);
   });
 }
 

@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include <neml2/detail/policy_protocol.hpp>
+
 #include "core/device_sync.hpp"
 #include "session/call_protocol.hpp"
 

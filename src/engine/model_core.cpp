@@ -10,13 +10,6 @@
 
 namespace neml2::detail {
 
-std::string ModelCore::State::devices_text() const {
-  std::string text;
-  for (const auto& d : devices)
-    text += (text.empty() ? "{" : ", ") + d.str();
-  return text + "}";
-}
-
 ModelCore::ModelCore(std::shared_ptr<const Artifact> artifact, std::vector<Device> devices,
                      const std::vector<std::size_t>& concurrency, c10::ScalarType dtype)
     : _state(std::make_unique<State>()) {
@@ -24,6 +17,7 @@ ModelCore::ModelCore(std::shared_ptr<const Artifact> artifact, std::vector<Devic
     throw FatalError("the dispatch policy lists no devices; list at least one");
   auto& s = *_state;
   s.devices = std::move(devices);
+  s.chunks_in_flight = concurrency;
   for (std::size_t d = 0; d < s.devices.size(); ++d) {
     s.sessions.emplace_back(artifact, s.devices[d], dtype, concurrency[d]);
     s.compute.push_back(s.sessions.back().device().torch());
@@ -46,16 +40,6 @@ std::vector<Session>& ModelCore::sessions() noexcept {
 }
 const std::vector<Device>& ModelCore::devices() const noexcept {
   return _state->devices;
-}
-
-std::size_t ModelCore::device_index(const Device& device) const {
-  const auto& listed = _state->devices;
-  for (std::size_t d = 0; d < listed.size(); ++d)
-    if (listed[d] == device)
-      return d;
-  throw FatalError("the dispatch policy's compute_device() is " + device.str() +
-                   ", which its devices() does not list (" + _state->devices_text() +
-                   "); list it there, or compute on a listed device");
 }
 
 void ModelCore::set_observer(ChunkObserver observer) {
@@ -106,9 +90,7 @@ TensorMap ModelCore::param_vjp_result(std::vector<at::Tensor>&& results) const {
 void ModelCore::rethrow_with_outputs(const ConvergenceError& e) const {
   if (!e.per_row() || !e.outputs().empty() || e.results().empty())
     throw;
-  auto results = e.results();
-  throw ConvergenceError(e.what(), e.converged_mask(), e.worst_residual(), e.results(),
-                         forward_result(std::move(results)));
+  CallProtocol::rethrow_with_outputs(session(), e, e.results());
 }
 
 } // namespace neml2::detail

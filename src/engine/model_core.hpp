@@ -16,6 +16,7 @@ struct ModelCore::State {
   std::vector<Device> devices;                         // as the policy lists them
   std::vector<Session> sessions;                       // one per device
   std::vector<c10::Device> compute;                    // each session's device, resolved once
+  std::vector<std::size_t> chunks_in_flight;           // per device: chunks that run at once
   ChunkObserver observer;                              // empty: nothing timed, nothing called
   std::function<void(const ChunkEvent&)> before_chunk; // tests inject faults here
 
@@ -23,8 +24,6 @@ struct ModelCore::State {
                                  std::int64_t rows, double seconds) const {
     return {index, d, devices[d], first, rows, seconds};
   }
-  // "{cpu, cuda:0}"
-  [[nodiscard]] std::string devices_text() const;
 };
 
 } // namespace neml2::detail

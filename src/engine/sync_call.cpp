@@ -1,21 +1,14 @@
 // One call of a synchronous policy, on the calling thread (see
 // include/neml2/detail/model_core.hpp; the loop itself is run_synchronous, a template).
 
-#include <chrono>
 #include <optional>
 
 #include <ATen/ATen.h>
 
+#include "core/stopwatch.hpp"
 #include "engine/chunk_runner.hpp"
 
 namespace neml2::detail {
-namespace {
-using clock = std::chrono::steady_clock;
-double seconds_since(clock::time_point start) {
-  return std::chrono::duration<double>(clock::now() - start).count();
-}
-} // namespace
-
 struct SyncCall::State {
   const ModelCore::State& core;
   Operation op;
@@ -40,14 +33,6 @@ SyncCall::SyncCall(const ModelCore& core, Request& request) {
 
 SyncCall::~SyncCall() = default;
 
-std::int64_t SyncCall::rows_per_chunk(std::int64_t chosen) const {
-  if (chosen < 0)
-    throw FatalError("the dispatch policy's chunk_rows(" + std::to_string(_batch) + ") returned " +
-                     std::to_string(chosen) +
-                     "; chunk_rows() must return >= 0 (rows per chunk; 0 = the whole batch)");
-  return chosen == 0 ? _batch : std::min(chosen, _batch);
-}
-
 bool SyncCall::runs_whole(std::size_t d, std::int64_t rows) const noexcept {
   const auto& s = *_state;
   return _batch > 0 && rows == _batch && s.call.device == s.core.compute[d];
@@ -57,7 +42,7 @@ std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
   auto& s = *_state;
   if (!s.core.observer)
     return detail::run_whole(s.core, s.op, s.call, d, s.targets);
-  const auto start = clock::now();
+  const auto start = steady_clock::now();
   auto results = detail::run_whole(s.core, s.op, s.call, d, s.targets);
   finished_on(s.core, d); // the observer's seconds end when the results are ready
   s.core.observer(s.core.event(0, d, 0, _batch, seconds_since(start)));
@@ -67,7 +52,7 @@ std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
 void SyncCall::run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index) {
   auto& s = *_state;
   auto& results = s.gatherer();
-  const auto start = s.core.observer ? clock::now() : clock::time_point{};
+  const auto start = s.core.observer ? steady_clock::now() : steady_clock::time_point{};
   take_rows(s.call, first, rows, s.core.compute[d], s.chunk);
   detail::run_chunk(s.core, s.op, s.chunk, results, d, first, index);
   finished_on(s.core, d);

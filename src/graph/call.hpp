@@ -11,7 +11,6 @@
 
 #include <neml2/artifact.hpp>
 #include <neml2/detail/destinations.hpp>
-#include <neml2/session.hpp>
 
 namespace neml2::detail {
 

@@ -2,9 +2,10 @@
 
 // One compiled graph (.pt2 package), trusted only as far as it was checked: its signature
 // is read from the package (the archive's own name and the input checks of its generated
-// wrapper) and checked against what metadata.json says at load; every call's arguments
-// are checked against it, calls below or above the exported batch range are padded or
-// split, and the number of results is checked after every call.
+// wrapper: package.hpp) and checked against what metadata.json says at load (graph.cpp);
+// every call's arguments are checked against it, calls below or above the exported batch
+// range are padded or split, and the number of results is checked after every call
+// (graph_run.cpp).
 
 #include <cstdint>
 #include <filesystem>
@@ -12,12 +13,13 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include <ATen/Tensor.h>
 
 #include <neml2/artifact.hpp>
+
+#include "graph/package.hpp"
 
 namespace torch::inductor {
 class AOTIModelPackageLoader;
@@ -28,31 +30,6 @@ namespace neml2::detail {
 /// Graph::expect's result count for a graph metadata.json says nothing about (a
 /// preconditioner's state): only the graph's own signature is checked, at every call.
 inline constexpr std::size_t unchecked_results = std::numeric_limits<std::size_t>::max();
-
-/// What a graph's generated wrapper checks of one input.
-struct GraphInput {
-  std::string dtype;               ///< "float64", ...; empty when unchecked
-  std::vector<std::int64_t> sizes; ///< per dimension: the size, or -1 where it varies
-  std::int64_t min_rows = 0;       ///< bounds of a varying leading (batch) dimension
-  std::int64_t max_rows = std::numeric_limits<std::int64_t>::max();
-  [[nodiscard]] bool batched() const { return !sizes.empty() && sizes.front() < 0; }
-};
-
-/// A package's signature, as read from the package itself.
-struct GraphSignature {
-  std::string archive_name; ///< the folder every record sits in: the file stem it was written as
-  std::string device_type;  ///< what it was compiled for ("cpu", "cuda"); empty when unsaid
-  std::size_t num_inputs = 0, num_outputs = 0;
-  std::vector<GraphInput> inputs;
-};
-
-/// Reads the signature of `file`; a FatalError naming the file when it is not a readable
-/// AOTInductor package with a generated wrapper, or is far larger than any real one.
-[[nodiscard]] GraphSignature read_graph_signature(const std::filesystem::path& file);
-/// The same from the package's bytes in memory (`file` names it in errors): every check
-/// the file version makes, before PyTorch's reader sees the bytes (fuzz/fuzz_package.cpp).
-[[nodiscard]] GraphSignature read_graph_signature(std::string_view bytes,
-                                                  const std::filesystem::path& file);
 
 class Graph {
 public:

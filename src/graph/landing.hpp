@@ -1,7 +1,8 @@
 #pragma once
 
-// Torch's CPU allocator while a graph runs: where its results land (the caller's memory,
-// see Landing) and its small blocks recycled (see Recycling).
+// Torch's CPU allocator, wrapped for the whole process: while a graph runs, where its
+// results land (the caller's memory, see Landing) and its small blocks come from
+// (recycling.hpp).
 
 #include <initializer_list>
 #include <span>
@@ -79,30 +80,8 @@ private:
   Landing* _paused;
 };
 
-/// @brief While it lives, this thread's small allocations on torch's CPU allocator (at most
-/// Recycling::largest bytes: a graph's intermediates and results at small batches, an
-/// implicit step's working set) are blocks of a power-of-two size taken from the blocks
-/// this thread freed, instead of new memory from glibc's aligned allocation (whose cost was
-/// most of a one-row graph call; and from a kilobyte up, glibc merges the small blocks
-/// freed before, slowing the thousand small allocations a graph call makes for its tensors).
-/// A block freed on a thread that has recycled, scope or not, is kept for it, up to
-/// Recycling::kept bytes a thread (the rest, and every block freed on any other thread, is
-/// freed); a thread's kept blocks are freed when it ends. A Landing's targets come first.
-class Recycling {
-public:
-  static constexpr std::size_t largest = std::size_t{1} << 20;
-  static constexpr std::size_t kept = std::size_t{8} << 20;
-
-  Recycling() noexcept;
-  ~Recycling();
-  Recycling(const Recycling&) = delete;
-  Recycling& operator=(const Recycling&) = delete;
-
-  /// How many allocations on this thread were a kept block so far (for tests).
-  [[nodiscard]] static std::size_t reused_on_this_thread() noexcept;
-
-private:
-  bool _outer;
-};
+/// Whether the allocator the library wrapped frees through its raw deleter what its raw
+/// interface gave: without that, a block handed out there could not come back (Recycling).
+[[nodiscard]] bool cpu_allocator_frees_raw() noexcept;
 
 } // namespace neml2::detail

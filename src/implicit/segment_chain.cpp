@@ -716,6 +716,16 @@ at::Tensor SegmentChain::dense_derivative(const ImplicitStep& step, const ChunkA
 }
 
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
+  auto state = start(op, chunk);
+  run_steps(chunk, state);
+  auto results = results_of(op, chunk, state);
+  const auto n_not_finite = fail_rows_not_finite(chunk, results, state);
+  if (state.converged.defined() && !state.converged.all().item<bool>())
+    throw_unconverged(op, state, n_not_finite, std::move(results));
+  return results;
+}
+
+SegmentChain::State SegmentChain::start(Operation op, const ChunkArgs& chunk) const {
   const auto n_inputs = _input_sizes.size();
   State state;
   state.rows = chunk.rows;
@@ -732,6 +742,10 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
       d[i] = at::eye(n, chunk.inputs[i].options()).expand({chunk.rows, n, n});
     }
   }
+  return state;
+}
+
+void SegmentChain::run_steps(const ChunkArgs& chunk, State& state) const {
   for (const auto& step : _steps)
     std::visit(
         [&](const auto& s) {
@@ -741,62 +755,87 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
             run_implicit(s, chunk, state);
         },
         step);
+}
 
+std::vector<at::Tensor> SegmentChain::results_of(Operation op, const ChunkArgs& chunk,
+                                                 const State& state) const {
   std::vector<at::Tensor> results;
   for (const auto& out : _artifact.outputs)
     results.push_back(state.value(out.name, "the model's outputs"));
-  if (op == Operation::param_vjp) {
-    std::vector<at::Tensor> grads;
-    for (auto p : _param_vjp_params) {
-      const auto& param = _artifact.parameters[p];
-      at::Tensor grad = at::zeros({state.rows, numel(param.base_shape)}, results.front().options());
-      for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
-        const auto it = state.derivatives.find(_artifact.outputs[o].name);
-        const auto column = n_inputs + p;
-        if (it == state.derivatives.end() || it->second.size() <= column ||
-            !it->second[column].defined() || !chunk.extras[o].defined())
-          continue;
-        // (rows, 1, n_out) x (rows, n_out, n_param)
-        grad = grad + rows_matmul(chunk.extras[o].reshape({state.rows, 1, -1}), it->second[column])
-                          .squeeze(1);
-      }
-      grads.push_back(grad.reshape(with_rows(state.rows, {&param.base_shape})));
-    }
-    results = std::move(grads);
-  } else if (op == Operation::param_jacobian || op == Operation::jacobian) {
-    // d(out)/d(column) as (rows, *out_base, *in_base); zero where nothing depends on it.
-    const auto block = [&](const VariableSpec& out, std::size_t column, const Shape& in_base) {
-      const auto shape = with_rows(state.rows, {&out.base_shape, &in_base});
-      const auto it = state.derivatives.find(out.name);
-      const bool known = it != state.derivatives.end() && column < it->second.size() &&
-                         it->second[column].defined();
-      return known ? it->second[column].reshape(shape)
-                   : at::zeros(shape, results.front().options());
-    };
-    if (op == Operation::param_jacobian)
-      for (const auto& [o, p] : _param_jacobian_blocks)
-        results.push_back(
-            block(_artifact.outputs[o], n_inputs + p, _artifact.parameters[p].base_shape));
-    else
-      for (const auto& [o, i] : _jacobian_blocks)
-        results.push_back(block(_artifact.outputs[o], i, _artifact.inputs[i].base_shape));
-  } else if (op == Operation::jvp) {
-    for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
-      const auto& out = _artifact.outputs[o];
-      at::Tensor sum;
-      const auto it = state.derivatives.find(out.name);
-      if (it != state.derivatives.end())
-        for (std::size_t i = 0; i < n_inputs; ++i)
-          if (it->second[i].defined() && chunk.extras[i].defined()) {
-            sum = rows_matmul(it->second[i], chunk.extras[i].reshape({state.rows, -1, 1}), sum);
-          }
-      results.push_back(sum.defined() ? sum.reshape(results[o].sizes())
-                                      : at::zeros_like(results[o]));
-    }
-  }
+  if (op == Operation::param_vjp)
+    return param_vjp_gradients(chunk, state, results);
+  if (op == Operation::param_jacobian || op == Operation::jacobian)
+    append_blocks(op, state, results);
+  else if (op == Operation::jvp)
+    append_tangents(chunk, state, results);
+  return results;
+}
 
-  // A row whose inputs are finite but whose results are not (a derivative through a dR/du
-  // that is singular at its converged point) failed too: reported, never returned.
+std::vector<at::Tensor>
+SegmentChain::param_vjp_gradients(const ChunkArgs& chunk, const State& state,
+                                  const std::vector<at::Tensor>& outputs) const {
+  const auto n_inputs = _input_sizes.size();
+  std::vector<at::Tensor> grads;
+  for (auto p : _param_vjp_params) {
+    const auto& param = _artifact.parameters[p];
+    at::Tensor grad = at::zeros({state.rows, numel(param.base_shape)}, outputs.front().options());
+    for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
+      const auto it = state.derivatives.find(_artifact.outputs[o].name);
+      const auto column = n_inputs + p;
+      if (it == state.derivatives.end() || it->second.size() <= column ||
+          !it->second[column].defined() || !chunk.extras[o].defined())
+        continue;
+      // (rows, 1, n_out) x (rows, n_out, n_param)
+      grad =
+          grad +
+          rows_matmul(chunk.extras[o].reshape({state.rows, 1, -1}), it->second[column]).squeeze(1);
+    }
+    grads.push_back(grad.reshape(with_rows(state.rows, {&param.base_shape})));
+  }
+  return grads;
+}
+
+void SegmentChain::append_blocks(Operation op, const State& state,
+                                 std::vector<at::Tensor>& results) const {
+  const auto n_inputs = _input_sizes.size();
+  // d(out)/d(column) as (rows, *out_base, *in_base); zero where nothing depends on it.
+  const auto block = [&](const VariableSpec& out, std::size_t column, const Shape& in_base) {
+    const auto shape = with_rows(state.rows, {&out.base_shape, &in_base});
+    const auto it = state.derivatives.find(out.name);
+    const bool known =
+        it != state.derivatives.end() && column < it->second.size() && it->second[column].defined();
+    return known ? it->second[column].reshape(shape) : at::zeros(shape, results.front().options());
+  };
+  if (op == Operation::param_jacobian)
+    for (const auto& [o, p] : _param_jacobian_blocks)
+      results.push_back(
+          block(_artifact.outputs[o], n_inputs + p, _artifact.parameters[p].base_shape));
+  else
+    for (const auto& [o, i] : _jacobian_blocks)
+      results.push_back(block(_artifact.outputs[o], i, _artifact.inputs[i].base_shape));
+}
+
+void SegmentChain::append_tangents(const ChunkArgs& chunk, const State& state,
+                                   std::vector<at::Tensor>& results) const {
+  const auto n_inputs = _input_sizes.size();
+  for (std::size_t o = 0; o < _artifact.outputs.size(); ++o) {
+    const auto& out = _artifact.outputs[o];
+    at::Tensor sum;
+    const auto it = state.derivatives.find(out.name);
+    if (it != state.derivatives.end())
+      for (std::size_t i = 0; i < n_inputs; ++i)
+        if (it->second[i].defined() && chunk.extras[i].defined()) {
+          sum = rows_matmul(it->second[i], chunk.extras[i].reshape({state.rows, -1, 1}), sum);
+        }
+    results.push_back(sum.defined() ? sum.reshape(results[o].sizes()) : at::zeros_like(results[o]));
+  }
+}
+
+// A row whose inputs are finite but whose results are not (a derivative through a dR/du
+// that is singular at its converged point) failed too: reported, never returned.
+std::int64_t SegmentChain::fail_rows_not_finite(const ChunkArgs& chunk,
+                                                const std::vector<at::Tensor>& results,
+                                                State& state) const {
   const auto finite_rows = [&](const std::vector<at::Tensor>& tensors) {
     auto finite = at::ones({state.rows},
                            at::TensorOptions().dtype(at::kBool).device(results.front().device()));
@@ -814,38 +853,39 @@ std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const 
   const auto n_not_finite = not_finite.defined() ? not_finite.sum().item<std::int64_t>() : 0;
   if (n_not_finite > 0)
     state.converged = (state.converged.defined() ? state.converged : ~not_finite) & ~not_finite;
+  return n_not_finite;
+}
 
-  if (state.converged.defined() && !state.converged.all().item<bool>()) {
-    const auto failed = ~state.converged;
-    if (op == Operation::param_vjp) // a sum over rows: one that failed spoils it
-      throw ConvergenceError(fmt::format(
-          "{}: param_vjp(): Newton did not converge for {} of {} rows (iteration cap miters = "
-          "{}, or a residual that stopped being finite); worst residual norm {}. The gradient "
-          "sums over rows, so it is not returned: forward() tells which rows fail",
-          _artifact.root.string(), failed.sum().item<std::int64_t>(), state.rows, _config.miters,
-          state.worst_residual));
-    for (auto& r : results) {
-      auto mask_shape = Shape(static_cast<std::size_t>(r.dim()), 1);
-      mask_shape[0] = state.rows;
-      r = r.masked_fill(failed.reshape(mask_shape), std::numeric_limits<double>::quiet_NaN());
-    }
-    const auto n_failed = failed.sum().item<std::int64_t>();
-    const auto singular =
-        n_not_finite == 0
-            ? std::string()
-            : fmt::format(" ({} of them converged to a point where the results are not finite: "
-                          "dR/du singular there)",
-                          n_not_finite);
-    throw ConvergenceError(
-        fmt::format("{}: Newton did not converge for {} of {} rows{} (iteration cap miters = {}, "
-                    "or a residual that stopped being finite); worst residual norm {}. "
-                    "converged_mask() says which rows converged (their results are kept, the "
-                    "others are NaN): cut the step of the failed rows and retry",
-                    _artifact.root.string(), n_failed, state.rows, singular, _config.miters,
-                    state.worst_residual),
-        state.converged, state.worst_residual, std::move(results));
+void SegmentChain::throw_unconverged(Operation op, const State& state, std::int64_t n_not_finite,
+                                     std::vector<at::Tensor> results) const {
+  const auto failed = ~state.converged;
+  if (op == Operation::param_vjp) // a sum over rows: one that failed spoils it
+    throw ConvergenceError(fmt::format(
+        "{}: param_vjp(): Newton did not converge for {} of {} rows (iteration cap miters = "
+        "{}, or a residual that stopped being finite); worst residual norm {}. The gradient "
+        "sums over rows, so it is not returned: forward() tells which rows fail",
+        _artifact.root.string(), failed.sum().item<std::int64_t>(), state.rows, _config.miters,
+        state.worst_residual));
+  for (auto& r : results) {
+    auto mask_shape = Shape(static_cast<std::size_t>(r.dim()), 1);
+    mask_shape[0] = state.rows;
+    r = r.masked_fill(failed.reshape(mask_shape), std::numeric_limits<double>::quiet_NaN());
   }
-  return results;
+  const auto n_failed = failed.sum().item<std::int64_t>();
+  const auto singular =
+      n_not_finite == 0
+          ? std::string()
+          : fmt::format(" ({} of them converged to a point where the results are not finite: "
+                        "dR/du singular there)",
+                        n_not_finite);
+  throw ConvergenceError(
+      fmt::format("{}: Newton did not converge for {} of {} rows{} (iteration cap miters = {}, "
+                  "or a residual that stopped being finite); worst residual norm {}. "
+                  "converged_mask() says which rows converged (their results are kept, the "
+                  "others are NaN): cut the step of the failed rows and retry",
+                  _artifact.root.string(), n_failed, state.rows, singular, _config.miters,
+                  state.worst_residual),
+      state.converged, state.worst_residual, std::move(results));
 }
 
 } // namespace neml2::detail

@@ -15,6 +15,7 @@
 #include <ATen/Tensor.h>
 
 #include <neml2/artifact.hpp>
+#include <neml2/tensor_map.hpp>
 
 #include "graph/call.hpp"
 #include "implicit/newton.hpp"
@@ -85,6 +86,30 @@ private:
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;
   struct State;
+
+  // The steps of run(), in order: the inputs as the state (each its own derivative where
+  // derivatives are chained), every segment on it, the operation's results taken from it,
+  // the rows that failed.
+  [[nodiscard]] State start(Operation op, const ChunkArgs& chunk) const;
+  void run_steps(const ChunkArgs& chunk, State& state) const;
+  [[nodiscard]] std::vector<at::Tensor> results_of(Operation op, const ChunkArgs& chunk,
+                                                   const State& state) const;
+  // Marks as failed the rows whose inputs are finite but whose results are not; how many.
+  [[nodiscard]] std::int64_t fail_rows_not_finite(const ChunkArgs& chunk,
+                                                  const std::vector<at::Tensor>& results,
+                                                  State& state) const;
+  // The ConvergenceError of a chunk some of whose rows failed (their results NaN).
+  [[noreturn]] void throw_unconverged(Operation op, const State& state, std::int64_t n_not_finite,
+                                      std::vector<at::Tensor> results) const;
+
+  // results_of() per operation: param_vjp's gradients (in place of the outputs), the
+  // Jacobian blocks or the tangents (after them).
+  [[nodiscard]] std::vector<at::Tensor>
+  param_vjp_gradients(const ChunkArgs& chunk, const State& state,
+                      const std::vector<at::Tensor>& outputs) const;
+  void append_blocks(Operation op, const State& state, std::vector<at::Tensor>& results) const;
+  void append_tangents(const ChunkArgs& chunk, const State& state,
+                       std::vector<at::Tensor>& results) const;
 
   void run_forward(const ForwardStep& step, const ChunkArgs& chunk, State& state) const;
   void run_implicit(const ImplicitStep& step, const ChunkArgs& chunk, State& state) const;

@@ -50,6 +50,9 @@ struct CallProtocol {
   /// The positional results of each operation as the public maps.
   [[nodiscard]] static TensorMap forward_result(const Session& s,
                                                 std::vector<at::Tensor>&& results);
+  /// Throws `error` (a per-row failure) again with `results`, its outputs by name among them.
+  [[noreturn]] static void rethrow_with_outputs(const Session& s, const ConvergenceError& error,
+                                                std::vector<at::Tensor> results);
   [[nodiscard]] static std::pair<TensorMap, TensorMap>
   jvp_result(const Session& s, std::vector<at::Tensor>&& results);
   [[nodiscard]] static std::pair<TensorMap, VariablePairJacobian>

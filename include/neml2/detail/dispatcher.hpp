@@ -4,7 +4,8 @@
 /// @brief How a model's calls reach its policy. DispatcherOf<Policy> holds the policy by
 /// value beside the compiled ModelCore: a synchronous policy's chunk loop is the template
 /// below, its calls inlined; an asynchronous one's calls go to the AsyncEngine. Calls
-/// through AnyDispatchedModel reach the same code by one virtual call per call.
+/// through AnyDispatchedModel reach the same code by one virtual call per call. What the
+/// policy's answers mean is detail/policy_protocol.hpp's.
 
 #include <algorithm>
 #include <cstddef>
@@ -18,6 +19,7 @@
 
 #include <neml2/detail/async_engine.hpp>
 #include <neml2/detail/model_core.hpp>
+#include <neml2/detail/policy_protocol.hpp>
 #include <neml2/policy.hpp>
 
 namespace neml2::detail {
@@ -34,40 +36,34 @@ public:
 
   /// Runs a request to its results, in slot order.
   [[nodiscard]] virtual std::vector<at::Tensor> run(Request& request) const = 0;
-  /// forward() of inputs in input_names() order: straight through the value graph when
-  /// the policy runs a small dense CPU batch whole (ModelCore::batch_as_given).
-  [[nodiscard]] virtual std::vector<at::Tensor> forward(std::vector<at::Tensor> inputs) const = 0;
 
   ModelCore core;
 };
 
-/// A synchronous policy's call: bound, then whole or chunk by chunk on the calling thread.
+/// A synchronous policy's call, on the calling thread: the policy asked once for its device
+/// and once for its rows per chunk, then the call run whole or chunk by chunk. A forward()
+/// of a small dense CPU batch the policy runs whole goes straight to the value graph
+/// (ModelCore::batch_as_given).
 template <class Policy>
 std::vector<at::Tensor> run_synchronous(const Policy& policy, const ModelCore& core,
                                         Request& request) {
+  const auto d = decide_device(policy, core.devices());
+  std::int64_t rows = 0; // not yet asked
+  if (request.op == Operation::forward && !request.into)
+    if (const auto batch = core.batch_as_given(d, request.inputs); batch > 0) {
+      rows = decide_rows(policy, batch); // the bound call below has this batch too
+      if (rows == batch)
+        return core.forward_as_given(d, request.inputs);
+    }
   SyncCall call(core, request);
-  const auto d = core.device_index(policy.compute_device());
-  const auto rows = call.rows_per_chunk(static_cast<std::int64_t>(policy.chunk_rows(call.batch())));
+  if (rows == 0)
+    rows = decide_rows(policy, call.batch());
   if (call.runs_whole(d, rows))
     return call.run_whole(d);
   for_each_chunk(call.batch(), rows, [&](std::int64_t first, std::int64_t n, std::size_t index) {
     call.run_chunk(d, first, n, index);
   });
   return call.finish();
-}
-
-/// How many chunks `policy` may keep in flight on device `d`: its chunks_in_flight(d) on
-/// an accelerator (at least 1), 1 on the CPU.
-template <class Policy>
-std::vector<std::size_t> chunks_in_flight(const Policy& policy,
-                                          const std::vector<Device>& devices) {
-  std::vector<std::size_t> n(devices.size(), 1);
-  if constexpr (requires { policy.chunks_in_flight(std::size_t{}); })
-    for (std::size_t d = 0; d < devices.size(); ++d)
-      if (devices[d].is_accelerator())
-        n[d] = static_cast<std::size_t>(
-            std::max<std::int64_t>(static_cast<std::int64_t>(policy.chunks_in_flight(d)), 1));
-  return n;
 }
 
 template <class Policy>
@@ -79,10 +75,9 @@ public:
                    dtype)
       , policy(std::move(p)) {
     if constexpr (is_asynchronous_policy_v<Policy>)
-      _engine =
-          std::make_unique<AsyncEngine>(core, _calls, chunks_in_flight(policy, core.devices()));
+      _engine = std::make_unique<AsyncEngine>(core, _calls);
     else
-      (void)core.device_index(policy.compute_device()); // one it does not list fails now
+      (void)decide_device(policy, core.devices()); // one it does not list fails now
   }
 
   std::vector<at::Tensor> run(Request& request) const final {
@@ -92,51 +87,28 @@ public:
       return run_synchronous(policy, core, request);
   }
 
-  std::vector<at::Tensor> forward(std::vector<at::Tensor> inputs) const final {
-    if constexpr (!is_asynchronous_policy_v<Policy>) {
-      const auto d = core.device_index(policy.compute_device());
-      if (const auto batch = core.batch_as_given(d, inputs); batch > 0)
-        if (const auto rows = static_cast<std::int64_t>(policy.chunk_rows(batch));
-            rows == 0 || rows >= batch)
-          return core.forward_as_given(d, inputs);
-    }
-    Request request{Operation::forward, std::move(inputs)};
-    return run(request);
-  }
-
   const Policy policy;
 
 private:
-  // The asynchronous policy's calls with its state, for the engine (under its lock).
-  struct PolicyWithState final : AsyncPolicyCalls {
-    explicit PolicyWithState(const Policy& p)
-        : policy(p) {}
-    std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
-                                          std::int64_t remaining) override {
-      if constexpr (is_asynchronous_policy_v<Policy>)
-        return policy.next_chunk(rows_in_flight, remaining, state);
-      else
-        return std::nullopt;
-    }
-    void on_dispatched(std::size_t device, std::int64_t rows) override {
-      if constexpr (is_asynchronous_policy_v<Policy>)
-        policy.on_dispatched(device, rows, state);
-    }
-    void on_completed(std::size_t device, std::int64_t rows, double seconds) override {
-      if constexpr (is_asynchronous_policy_v<Policy>)
-        policy.on_completed(device, rows, seconds, state);
-    }
-    const Policy& policy;
-    policy_state_t<Policy> state;
+  // Only an asynchronous policy has state to keep and an engine to run it: a synchronous
+  // model holds neither, and links none of the engine.
+  struct NoCalls {
+    explicit NoCalls(const Policy&) noexcept {}
+  };
+  struct NoEngine {};
+  template <class P, bool = is_asynchronous_policy_v<P>>
+  struct Parts {
+    using Calls = NoCalls;
+    using Engine = NoEngine;
+  };
+  template <class P>
+  struct Parts<P, true> {
+    using Calls = PolicyWithState<P>;
+    using Engine = std::unique_ptr<AsyncEngine>;
   };
 
-  struct NoEngine {};
-  // Only an asynchronous policy names the engine: a synchronous model links none of it.
-  using Engine =
-      std::conditional_t<is_asynchronous_policy_v<Policy>, std::unique_ptr<AsyncEngine>, NoEngine>;
-
-  PolicyWithState _calls{policy};
-  [[no_unique_address]] Engine _engine;
+  [[no_unique_address]] typename Parts<Policy>::Calls _calls{policy};
+  [[no_unique_address]] typename Parts<Policy>::Engine _engine;
 };
 
 /// The evaluation calls, written once over a dispatcher `D`: Dispatcher (the policy
@@ -168,8 +140,8 @@ struct EvaluationCalls {
   }
 
   static TensorMap forward(const D& d, const TensorMap& inputs) {
-    return guarded(d, Operation::forward,
-                   [&] { return d.core.forward_result(d.forward(d.core.positional(inputs))); });
+    return evaluate(d, Operation::forward, inputs, nullptr,
+                    [&](auto&& r) { return d.core.forward_result(std::move(r)); });
   }
   static std::pair<TensorMap, TensorMap> jvp(const D& d, const TensorMap& inputs,
                                              const TensorMap& tangents) {

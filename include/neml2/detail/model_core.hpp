@@ -29,18 +29,6 @@ struct Request {
   const Destinations* into = nullptr; ///< the caller's tensors for the results (`_into`)
 };
 
-/// Calls f(first, rows, index) for consecutive chunks of `rows` rows (> 0) covering
-/// [0, batch): the one row loop of the engine.
-template <class F>
-void for_each_chunk(std::int64_t batch, std::int64_t rows, F&& f) {
-  std::size_t index = 0;
-  for (std::int64_t first = 0; first < batch; ++index) {
-    const auto n = rows < batch - first ? rows : batch - first; // first + n never overflows
-    f(first, n, index);
-    first += n;
-  }
-}
-
 /// @brief One session per device a policy lists, the promoted parameters (the first
 /// session's), the observer, and the steps of a call that do not depend on the policy.
 class ModelCore {
@@ -59,8 +47,6 @@ public:
   [[nodiscard]] std::vector<Session>& sessions() noexcept;
   /// The devices, as the policy listed them.
   [[nodiscard]] const std::vector<Device>& devices() const noexcept;
-  /// The index of `device` in devices(); a FatalError when the policy does not list it.
-  [[nodiscard]] std::size_t device_index(const Device& device) const;
   void set_observer(ChunkObserver observer);
 
   /// The inputs by name in input_names() order; a FatalError for a missing or unknown name.
@@ -113,9 +99,6 @@ public:
 
   /// The call's batch (1 when nothing carries a batch axis).
   [[nodiscard]] std::int64_t batch() const noexcept { return _batch; }
-  /// The policy's chunk_rows(batch()), checked (a FatalError below 0), as 1 to batch()
-  /// rows (0: the whole batch).
-  [[nodiscard]] std::int64_t rows_per_chunk(std::int64_t chosen) const;
   /// Whether the call runs as one chunk on device `d` in place: no slicing, no copy.
   [[nodiscard]] bool runs_whole(std::size_t d, std::int64_t rows) const noexcept;
   /// The whole call on device `d` (in cache-sized pieces on the CPU when large).

@@ -7,8 +7,10 @@
 /// Opt-in: MPI stays out of the core library. A target that uses MPIRankAssign links
 /// `neml2::dispatch_mpi` (which exists where neml2-dispatch was configured with MPI,
 /// `-DNEML2_DISPATCH_MPI=ON`, the default when CMake finds MPI). Elsewhere, naming
-/// MPIRankAssign is a compile-time error that says MPI support was not built.
+/// MPIRankAssign is a compile-time error that says MPI support was not built. Its devices
+/// and chunk sizes as the tuner recommends them, MPIRankAssignSettings, need no MPI.
 
+#include <neml2/policies/mpi_rank_assign_settings.hpp>
 #include <neml2/policy.hpp>
 
 #if defined(NEML2_DISPATCH_MPI)
@@ -35,14 +37,6 @@ namespace neml2 {
 
 namespace detail {
 
-/// "{cpu, cuda:0}": for error messages.
-inline std::string device_list_text(const std::vector<Device>& devices) {
-  std::string text;
-  for (const auto& d : devices)
-    text += (text.empty() ? "{" : ", ") + d.str();
-  return text.empty() ? "{}" : text + "}";
-}
-
 /// The entry of a node's device list that the node's `local_rank`-th rank (of
 /// `local_size`) takes: one rank per device, several per device round robin, and an
 /// error when a device would get no rank. `node` names the node in that error.
@@ -52,8 +46,8 @@ inline std::size_t mpi_rank_device(int local_rank, int local_size,
   if (local_size < n)
     throw FatalError("MPIRankAssign: node '" + node + "' runs " + std::to_string(local_size) +
                      (local_size == 1 ? " rank" : " ranks") +
-                     " of the communicator, but MPIRankAssign.devices " +
-                     device_list_text(devices) + " lists " + std::to_string(n) +
+                     " of the communicator, but MPIRankAssign.devices " + devices_text(devices) +
+                     " lists " + std::to_string(n) +
                      " devices, so a device would sit idle: launch at least " + std::to_string(n) +
                      " ranks per node (OpenMPI: mpiexec --map-by ppr:" + std::to_string(n) +
                      ":node), or list at most " + std::to_string(local_size) + " devices");
@@ -342,7 +336,7 @@ inline MPIRankAssign::MPIRankAssign(const Config& config)
   MPI_Allreduce(&hash, &high, 1, MPI_UINT64_T, MPI_MAX, node.comm());
   if (error.empty() && low != high)
     error = "MPIRankAssign.devices differs between the ranks of node '" + node_name +
-            "' (this rank lists " + detail::device_list_text(_pool) +
+            "' (this rank lists " + devices_text(_pool) +
             "); every rank of a node must list the same devices in the same order";
 
   if (error.empty()) {

@@ -4,7 +4,6 @@
 // include/neml2/detail/async_engine.hpp).
 
 #include <algorithm>
-#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -15,18 +14,13 @@
 
 #include <neml2/detail/async_engine.hpp>
 
+#include "core/stopwatch.hpp"
 #include "engine/async/streams.hpp"
 #include "engine/async/worker_pool.hpp"
 #include "engine/chunk_runner.hpp"
 
 namespace neml2::detail {
 namespace {
-using clock = std::chrono::steady_clock;
-
-double seconds_since(clock::time_point start) {
-  return std::chrono::duration<double>(clock::now() - start).count();
-}
-
 // Callbacks of asynchronous models running on this thread: the policy's hooks and the
 // chunk observer run under their model's lock, so a call into a model of an asynchronous
 // policy from one would wait for that lock, or for room only the outer call can free.
@@ -94,8 +88,7 @@ struct Engine {
 } // namespace
 
 struct AsyncEngine::Impl {
-  Impl(const ModelCore& model, AsyncPolicyCalls& calls,
-       const std::vector<std::size_t>& chunks_in_flight)
+  Impl(const ModelCore& model, AsyncPolicyCalls& calls)
       : core(model.state())
       , policy(calls) {
     const auto& compute = core.compute;
@@ -105,7 +98,7 @@ struct AsyncEngine::Impl {
       _caller_lane = static_cast<std::size_t>(cpu - compute.begin());
     std::vector<WorkerPool::Lane> lanes;
     for (std::size_t d = 0; d < compute.size(); ++d)
-      lanes.push_back({compute[d], d == _caller_lane ? 0 : chunks_in_flight[d]});
+      lanes.push_back({compute[d], d == _caller_lane ? 0 : core.chunks_in_flight[d]});
     _engine = std::make_unique<Engine>(compute.size(), lanes);
   }
 
@@ -194,22 +187,14 @@ struct AsyncEngine::Impl {
     try {
       const InCallback in_callback;
       while (p.first < batch && p.errors.empty()) {
-        const auto choice = policy.next_chunk(std::span<const std::int64_t>(engine.rows_in_flight),
-                                              batch - p.first);
+        const auto choice = next_chunk(policy, std::span<const std::int64_t>(engine.rows_in_flight),
+                                       batch - p.first, batch, core.devices);
         if (!choice) {
-          if (std::all_of(engine.rows_in_flight.begin(), engine.rows_in_flight.end(),
-                          [](std::int64_t r) { return r == 0; }))
-            throw FatalError("the dispatch policy's next_chunk() gave no chunk while every "
-                             "device was idle (" +
-                             std::to_string(batch - p.first) + " of " + std::to_string(batch) +
-                             " rows left); return a ChunkChoice when a device has room, and "
-                             "nullopt only to wait for a chunk in flight");
           if (std::find(engine.waiting_for_room.begin(), engine.waiting_for_room.end(), &p) ==
               engine.waiting_for_room.end())
             engine.waiting_for_room.push_back(&p);
           return std::nullopt;
         }
-        check(*choice, batch - p.first);
         // Not a structured binding: the lambda below captures them (clang 14, the fuzz
         // build's compiler, cannot capture bindings).
         const auto d = choice->device;
@@ -258,7 +243,7 @@ struct AsyncEngine::Impl {
   template <class Run>
   void complete(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index,
                 Progress& progress, Run&& run) const {
-    const auto start = clock::now();
+    const auto start = steady_clock::now();
     std::exception_ptr error;
     try {
       run();
@@ -309,19 +294,6 @@ struct AsyncEngine::Impl {
     finished_on(core, d); // its results ready (and this thread's staging buffers free again)
   }
 
-  void check(const ChunkChoice& choice, std::int64_t remaining) const {
-    if (choice.device >= core.devices.size())
-      throw FatalError("the dispatch policy's next_chunk() chose device index " +
-                       std::to_string(choice.device) + ", but the policy lists " +
-                       std::to_string(core.devices.size()) + " device(s) " + core.devices_text() +
-                       "; return an index into its devices");
-    if (choice.rows < 1 || choice.rows > remaining)
-      throw FatalError("the dispatch policy's next_chunk() chose " + std::to_string(choice.rows) +
-                       " rows for " + core.devices[choice.device].str() + " with " +
-                       std::to_string(remaining) +
-                       " rows remaining; a chunk takes 1 to the remaining rows");
-  }
-
   const ModelCore::State& core;
   AsyncPolicyCalls& policy;
   std::unique_ptr<Engine> _engine;
@@ -331,9 +303,8 @@ struct AsyncEngine::Impl {
   std::optional<std::size_t> _caller_lane;
 };
 
-AsyncEngine::AsyncEngine(const ModelCore& core, AsyncPolicyCalls& policy,
-                         const std::vector<std::size_t>& chunks_in_flight)
-    : _impl(std::make_unique<Impl>(core, policy, chunks_in_flight)) {}
+AsyncEngine::AsyncEngine(const ModelCore& core, AsyncPolicyCalls& policy)
+    : _impl(std::make_unique<Impl>(core, policy)) {}
 
 AsyncEngine::~AsyncEngine() = default;
 

@@ -1,10 +1,8 @@
 #pragma once
 
-/// @file detail/graph_calls.hpp
-/// @brief An observer of every compiled-graph call, with the rows it was asked for: what
-/// lets a test prove that converged Newton rows are not evaluated again, or that a lane
-/// runs only the chunks it was given. Off by default; then a graph call pays one atomic
-/// atomic load for it.
+// An observer of every compiled-graph call, with the rows it was asked for: what lets a
+// test prove that converged Newton rows are not evaluated again, or that a lane runs only
+// the chunks it was given. Off by default; then a graph call pays one atomic load for it.
 
 #include <cstdint>
 #include <functional>

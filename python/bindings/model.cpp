@@ -1,0 +1,350 @@
+// The model class: Model holds an AnyDispatchedModel of any policy (built-in, or written in
+// Python: python_policy.cpp); every call converts its dicts (no copy: the tensors are the
+// caller's), releases the GIL for the whole of the library call, and converts the results
+// back (no copy either). Configuration (set_parameter, set_solver_config, set_observer)
+// waits for running calls to finish (a shared lock), so no Python thread overlaps a call
+// with a change forbidden then. Also PreparedCall, ChunkEvent and load_model.
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl/filesystem.h>
+
+#include <neml2/dispatch.hpp>
+
+#include "bindings.hpp"
+
+namespace neml2::python {
+
+using namespace pybind11::literals;
+
+std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,
+                                              const std::optional<std::string>& name) {
+  return std::make_shared<const Artifact>(
+      read_artifact(name ? resolve_artifact_root(path, *name) : resolve_artifact_root(path)));
+}
+
+namespace {
+
+// A Python callable as a ChunkObserver: called with the GIL taken, from whichever thread
+// runs the chunk; released under the GIL too. A Python exception becomes a C++ one (its
+// message kept), which fails the chunk as any observer error does.
+ChunkObserver as_observer(py::object callable) {
+  return [held = hold(std::move(callable))](const ChunkEvent& event) {
+    run_callback("the observer", [&] { (*held)(event); });
+  };
+}
+
+struct Model {
+  Model(AnyDispatchedModel m, py::object p)
+      : model(std::move(m))
+      , policy(std::move(p)) {}
+
+  AnyDispatchedModel model;
+  py::object policy;               // a copy of a built-in policy; a Python policy itself
+  mutable std::shared_mutex guard; // calls shared; configuration exclusive
+
+  // f() with the GIL released, beside any other call, after any configuration.
+  template <class F>
+  auto call(F&& f) const {
+    py::gil_scoped_release nogil;
+    std::shared_lock lock(guard);
+    return f();
+  }
+
+  // f() with the GIL released, once no call is running.
+  template <class F>
+  void configure(F&& f) {
+    if (in_callback)
+      throw FatalError("a chunk observer or a Python policy changed a model's configuration "
+                       "(set_parameter, set_solver_config or set_observer) during a call, "
+                       "which would wait for that call for ever; change it after the call "
+                       "returns");
+    py::gil_scoped_release nogil;
+    std::unique_lock lock(guard);
+    f();
+  }
+};
+
+// A prepared call, keeping its model alive.
+struct Prepared {
+  PreparedCall call;
+  py::object owner; // the Python Model
+  const Model* model;
+};
+
+template <class Policy>
+bool holds(py::handle policy) {
+  return py::isinstance<Policy>(policy);
+}
+
+std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, py::object policy,
+                            c10::ScalarType dtype) {
+  // load_model(stub, policy): the name left out, as in C++.
+  if (!name.is_none() && !PyUnicode_Check(name.ptr()) && policy.is_none()) {
+    policy = name;
+    name = py::none();
+  }
+  if (!name.is_none() && !PyUnicode_Check(name.ptr()))
+    throw FatalError("load_model(): name is a " + type_name(name) + "; it must be a str or None");
+  const auto model_name = name.is_none() ? std::nullopt : std::optional(name.cast<std::string>());
+  if (policy.is_none())
+    policy = py::cast(SyncChunking{});
+  if (holds<SyncChunking>(policy)) {
+    auto p = policy.cast<SyncChunking>();
+    auto model = [&] {
+      py::gil_scoped_release nogil;
+      return AnyDispatchedModel(
+          DispatchedModel<SyncChunking>(load_artifact(path, model_name), std::move(p), dtype));
+    }();
+    return std::make_unique<Model>(std::move(model), py::cast(policy.cast<SyncChunking>()));
+  }
+  if (holds<GreedyPriorityCapacity>(policy)) {
+    auto p = policy.cast<GreedyPriorityCapacity>();
+    auto model = [&] {
+      py::gil_scoped_release nogil;
+      return AnyDispatchedModel(DispatchedModel<GreedyPriorityCapacity>(
+          load_artifact(path, model_name), std::move(p), dtype));
+    }();
+    return std::make_unique<Model>(std::move(model),
+                                   py::cast(policy.cast<GreedyPriorityCapacity>()));
+  }
+  if (is_python_policy(policy)) // a policy written in Python (python_policy.cpp)
+    return std::make_unique<Model>(
+        load_python_policy(load_artifact(path, model_name), policy, dtype), policy);
+  throw FatalError("load_model(): policy is a " + type_name(policy) +
+                   "; give a neml2_dispatch.SyncChunking or GreedyPriorityCapacity (or "
+                   "tuned_policy(...) of one), or a policy written in Python (an object "
+                   "with dispatch_mode, devices and the methods of its mode)");
+}
+
+} // namespace
+
+void bind_model(py::module_& m) {
+  py::class_<ChunkEvent>(m, "ChunkEvent", "One chunk of a call, reported when it completes.")
+      .def_readonly("index", &ChunkEvent::index, "Order of assignment within the call.")
+      .def_readonly("device_index", &ChunkEvent::device_index,
+                    "Position of the device in the policy's list.")
+      .def_property_readonly(
+          "device", [](const ChunkEvent& e) { return e.device.str(); },
+          "That device, as the policy listed it.")
+      .def_readonly("first", &ChunkEvent::first, "First row of the batch.")
+      .def_readonly("rows", &ChunkEvent::rows, "Number of rows.")
+      .def_readonly("seconds", &ChunkEvent::seconds, "From taking the rows to the results.")
+      .def("__repr__", [](const ChunkEvent& e) {
+        return "ChunkEvent(index=" + std::to_string(e.index) + ", device='" + e.device.str() +
+               "', first=" + std::to_string(e.first) + ", rows=" + std::to_string(e.rows) + ")";
+      });
+
+  py::class_<Prepared>(m, "PreparedCall",
+                       "A call bound once to input names (Model.prepare): tensors in "
+                       "`input_names` order, outputs in the model's `output_names` order.")
+      .def(
+          "forward",
+          [](const Prepared& p, py::object inputs) {
+            const auto in = to_list(inputs, "inputs");
+            return to_py_list(p.model->call([&] { return p.call.forward(in); }));
+          },
+          "inputs"_a, "The outputs, in the model's output_names order.")
+      .def(
+          "forward_into",
+          [](const Prepared& p, py::object inputs, py::object outputs) {
+            const auto in = to_list(inputs, "inputs");
+            const auto out = to_list(outputs, "outputs");
+            p.model->call([&] { p.call.forward_into(in, out); });
+          },
+          "inputs"_a, "outputs"_a, "Into the caller's tensors, one per output in order.")
+      .def_property_readonly(
+          "input_names", [](const Prepared& p) { return p.call.input_names(); },
+          "The input names this call takes, in order.");
+
+  py::class_<Model>(m, "Model",
+                    "A compiled model dispatched by a policy (load_model). Tensors go in and "
+                    "come out as dicts keyed by name, never copied; the GIL is released "
+                    "for the whole of every call.")
+      .def(
+          "forward",
+          [](const Model& self, py::object inputs) {
+            const auto in = to_map(inputs, "inputs");
+            return to_dict(self.call([&] { return self.model.forward(in); }));
+          },
+          "inputs"_a, "The outputs by name.")
+      .def(
+          "jvp",
+          [](const Model& self, py::object inputs, py::object tangents) {
+            const auto in = to_map(inputs, "inputs");
+            const auto t = to_map(tangents, "tangents");
+            auto [out, d] = self.call([&] { return self.model.jvp(in, t); });
+            return py::make_tuple(to_dict(out), to_dict(d));
+          },
+          "inputs"_a, "tangents"_a, "(outputs, d(outputs)) along `tangents` (missing = 0).")
+      .def(
+          "jacobian",
+          [](const Model& self, py::object inputs) {
+            const auto in = to_map(inputs, "inputs");
+            auto [out, J] = self.call([&] { return self.model.jacobian(in); });
+            return py::make_tuple(to_dict(out), to_dict(J));
+          },
+          "inputs"_a, "(outputs, J), J[out][in] of shape (B, *out_base, *in_base).")
+      .def(
+          "param_jacobian",
+          [](const Model& self, py::object inputs) {
+            const auto in = to_map(inputs, "inputs");
+            auto [out, P] = self.call([&] { return self.model.param_jacobian(in); });
+            return py::make_tuple(to_dict(out), to_dict(P));
+          },
+          "inputs"_a, "(outputs, P), P[out][parameter] of shape (B, *out_base, *param_base).")
+      .def(
+          "param_vjp",
+          [](const Model& self, py::object inputs, py::object cotangents) {
+            const auto in = to_map(inputs, "inputs");
+            const auto c = to_map(cotangents, "cotangents");
+            return to_dict(self.call([&] { return self.model.param_vjp(in, c); }));
+          },
+          "inputs"_a, "cotangents"_a,
+          "dL/d(parameter) for L = sum of <cotangent, output>, summed over the batch (per row "
+          "for a batched parameter).")
+      .def(
+          "forward_into",
+          [](const Model& self, py::object inputs, py::object outputs) {
+            const auto in = to_map(inputs, "inputs");
+            const auto out = to_map(outputs, "outputs");
+            self.call([&] { self.model.forward_into(in, out); });
+          },
+          "inputs"_a, "outputs"_a, "forward(), into the caller's tensors.")
+      .def(
+          "jvp_into",
+          [](const Model& self, py::object inputs, py::object tangents, py::object outputs,
+             py::object output_tangents) {
+            const auto in = to_map(inputs, "inputs");
+            const auto t = to_map(tangents, "tangents");
+            const auto out = to_map(outputs, "outputs");
+            const auto d = to_map(output_tangents, "output_tangents");
+            self.call([&] { self.model.jvp_into(in, t, out, d); });
+          },
+          "inputs"_a, "tangents"_a, "outputs"_a, "output_tangents"_a,
+          "jvp(), into the caller's tensors.")
+      .def(
+          "jacobian_into",
+          [](const Model& self, py::object inputs, py::object outputs, py::object J) {
+            const auto in = to_map(inputs, "inputs");
+            const auto out = to_map(outputs, "outputs");
+            const auto blocks = to_blocks(J, "J");
+            self.call([&] { self.model.jacobian_into(in, out, blocks); });
+          },
+          "inputs"_a, "outputs"_a, "J"_a, "jacobian(), into the caller's tensors.")
+      .def(
+          "param_jacobian_into",
+          [](const Model& self, py::object inputs, py::object outputs, py::object P) {
+            const auto in = to_map(inputs, "inputs");
+            const auto out = to_map(outputs, "outputs");
+            const auto blocks = to_blocks(P, "P");
+            self.call([&] { self.model.param_jacobian_into(in, out, blocks); });
+          },
+          "inputs"_a, "outputs"_a, "P"_a, "param_jacobian(), into the caller's tensors.")
+      .def(
+          "param_vjp_into",
+          [](const Model& self, py::object inputs, py::object cotangents, py::object gradients) {
+            const auto in = to_map(inputs, "inputs");
+            const auto c = to_map(cotangents, "cotangents");
+            const auto g = to_map(gradients, "gradients");
+            self.call([&] { self.model.param_vjp_into(in, c, g); });
+          },
+          "inputs"_a, "cotangents"_a, "gradients"_a, "param_vjp(), into the caller's tensors.")
+      .def(
+          "prepare",
+          [](py::object owner, std::optional<std::vector<std::string>> names) {
+            const auto& self = owner.cast<const Model&>();
+            auto call = self.model.prepare(names.value_or(std::vector<std::string>{}));
+            return Prepared{std::move(call), owner, &self};
+          },
+          "names"_a = py::none(),
+          "A call bound once to `names` (default: input_names), for hosts that call with "
+          "the same inputs over and over.")
+      .def(
+          "set_observer",
+          [](Model& self, py::object observer) {
+            auto fn = observer.is_none() ? ChunkObserver{} : as_observer(std::move(observer));
+            self.configure([&] { self.model.set_observer(std::move(fn)); });
+          },
+          "observer"_a,
+          "Calls observer(ChunkEvent) once per chunk, from the thread that ran it (the GIL "
+          "taken for it); None turns it off. An exception it raises fails that chunk.")
+      .def(
+          "named_parameters", [](Model& self) { return to_dict(self.model.named_parameters()); },
+          "The promoted parameters by name: the model's own tensors (an in-place change is "
+          "seen by the next call).")
+      .def(
+          "set_parameter",
+          [](Model& self, const std::string& name, py::object value) {
+            const auto t = to_tensor(value, "set_parameter(): value");
+            self.configure([&] { self.model.set_parameter(name, t); });
+          },
+          "name"_a, "value"_a, "Replaces parameter `name` (its base shape, or batched).")
+      .def(
+          "solver_config", [](const Model& self) { return self.model.solver_config(); },
+          "The Newton settings in force (a copy).")
+      .def(
+          "set_solver_config",
+          [](Model& self, const SolverConfig& config) {
+            self.configure([&] { self.model.set_solver_config(config); });
+          },
+          "config"_a, "Replaces the Newton settings on every device's session (checked first).")
+      .def_property_readonly(
+          "input_names", [](const Model& self) { return self.model.input_names(); },
+          "The inputs' names, in master order.")
+      .def_property_readonly(
+          "output_names", [](const Model& self) { return self.model.output_names(); },
+          "The outputs' names, in master order.")
+      .def_property_readonly(
+          "input_base_shapes",
+          [](const Model& self) { return to_py_list(self.model.input_base_shapes()); },
+          "Each input's base shape, as input_names.")
+      .def_property_readonly(
+          "output_base_shapes",
+          [](const Model& self) { return to_py_list(self.model.output_base_shapes()); },
+          "Each output's base shape, as output_names.")
+      .def_property_readonly(
+          "parameter_base_shapes",
+          [](const Model& self) {
+            py::dict shapes;
+            for (const auto& [name, s] : self.model.parameter_base_shapes())
+              shapes[py::str(name)] = std::vector<std::int64_t>(s.begin(), s.end());
+            return shapes;
+          },
+          "Each promoted parameter's base shape, by name.")
+      .def_property_readonly(
+          "device", [](const Model& self) { return self.model.device().str(); },
+          "The first listed device, resolved.")
+      .def_property_readonly(
+          "devices",
+          [](const Model& self) {
+            std::vector<std::string> out;
+            for (const auto& s : self.model.sessions())
+              out.push_back(s.device().str());
+            return out;
+          },
+          "Every listed device, in the policy's order.")
+      .def_property_readonly(
+          "dtype", [](const Model& self) { return self.model.dtype(); },
+          "The dtype the graphs compute in.")
+      .def_property_readonly(
+          "policy", [](const Model& self) { return self.policy; },
+          "The model's copy of a built-in policy; a policy written in Python itself.");
+
+  m.def(
+      "load_model",
+      [](const std::filesystem::path& path, py::object name, py::object policy,
+         c10::ScalarType dtype) { return load(path, std::move(name), std::move(policy), dtype); },
+      "path"_a, "name"_a = py::none(), "policy"_a = py::none(), "dtype"_a = c10::kDouble,
+      "Loads model `name` from a stub (or an artifact root; the name may be left out when "
+      "the stub holds one model), dispatched by `policy` (default: SyncChunking(), whole "
+      "batches on the CPU), computing in `dtype`.");
+}
+
+} // namespace neml2::python

@@ -1,0 +1,108 @@
+// The value types Python builds and hands to the library: the built-in policies
+// (SyncChunking, GreedyPriorityCapacity) and the Newton settings (SolverConfig,
+// KrylovConfig).
+
+#include <string>
+#include <vector>
+
+#include <neml2/dispatch.hpp>
+
+#include "bindings.hpp"
+
+namespace neml2::python {
+
+using namespace pybind11::literals;
+
+void bind_policies(py::module_& m) {
+  py::class_<SyncChunking>(m, "SyncChunking",
+                           "The whole batch on one device, in chunks of `batch_size` rows (0: "
+                           "one call), on the calling thread.")
+      .def(py::init([](const std::string& device, std::int64_t batch_size) {
+             return SyncChunking{.device = device, .batch_size = batch_size};
+           }),
+           "device"_a = "cpu", "batch_size"_a = 0)
+      .def_property(
+          "device", [](const SyncChunking& p) { return p.device.str(); },
+          [](SyncChunking& p, const std::string& d) { p.device = d; }, "Where every chunk runs.")
+      .def_readwrite("batch_size", &SyncChunking::batch_size,
+                     "Rows per graph call; 0: the whole batch at once.")
+      .def("__repr__", [](const SyncChunking& p) {
+        return "SyncChunking(device='" + p.device.str() +
+               "', batch_size=" + std::to_string(p.batch_size) + ")";
+      });
+
+  py::class_<GreedyPriorityCapacity>(
+      m, "GreedyPriorityCapacity",
+      "One batch over several devices at once: each chunk goes to the device of highest "
+      "priority whose rows in flight plus its batch size stay within its capacity. Lists of "
+      "length 1 apply to every device; capacities and priorities may be empty (one chunk "
+      "in flight; all equal).")
+      .def(py::init([](const std::vector<std::string>& devices,
+                       const std::vector<std::int64_t>& batch_sizes,
+                       const std::vector<std::int64_t>& capacities,
+                       const std::vector<double>& priorities) {
+             return GreedyPriorityCapacity{.devices = devices_of(devices),
+                                           .batch_sizes = batch_sizes,
+                                           .capacities = capacities,
+                                           .priorities = priorities};
+           }),
+           "devices"_a, "batch_sizes"_a, "capacities"_a = std::vector<std::int64_t>{},
+           "priorities"_a = std::vector<double>{})
+      .def_property(
+          "devices", [](const GreedyPriorityCapacity& p) { return device_strings(p.devices); },
+          [](GreedyPriorityCapacity& p, const std::vector<std::string>& d) {
+            p.devices = devices_of(d);
+          },
+          "The pool: at most one CPU, each device once.")
+      .def_readwrite("batch_sizes", &GreedyPriorityCapacity::batch_sizes,
+                     "Rows per chunk: one per device, or one for all.")
+      .def_readwrite("capacities", &GreedyPriorityCapacity::capacities,
+                     "Rows in flight per device; empty: one chunk.")
+      .def_readwrite("priorities", &GreedyPriorityCapacity::priorities,
+                     "Higher first; empty: all equal.")
+      .def("__repr__", [](const GreedyPriorityCapacity& p) {
+        return std::string(
+            py::str("GreedyPriorityCapacity(devices={}, batch_sizes={}, "
+                    "capacities={}, priorities={})")
+                .format(device_strings(p.devices), p.batch_sizes, p.capacities, p.priorities));
+      });
+}
+
+void bind_solver_config(py::module_& m) {
+  py::class_<SolverConfig::Krylov>(m, "KrylovConfig",
+                                   "NEML2's GMRES settings of a matrix-free Newton step.")
+      .def(py::init<>())
+      .def_readwrite("method", &SolverConfig::Krylov::method)
+      .def_readwrite("restart", &SolverConfig::Krylov::restart)
+      .def_readwrite("max_its", &SolverConfig::Krylov::max_its)
+      .def_readwrite("abs_tol", &SolverConfig::Krylov::abs_tol)
+      .def_readwrite("rel_tol", &SolverConfig::Krylov::rel_tol)
+      .def_readwrite("cache_strategy", &SolverConfig::Krylov::cache_strategy)
+      .def_readwrite("cache_max_its", &SolverConfig::Krylov::cache_max_its);
+  py::class_<SolverConfig>(m, "SolverConfig",
+                           "The Newton settings of an implicit model (a copy: change it, then "
+                           "Model.set_solver_config).")
+      .def(py::init<>())
+      .def_readwrite("atol", &SolverConfig::atol)
+      .def_readwrite("rtol", &SolverConfig::rtol)
+      .def_readwrite("miters", &SolverConfig::miters)
+      .def_readwrite("substep_del_tol", &SolverConfig::substep_del_tol)
+      .def_readwrite("ls_type", &SolverConfig::ls_type, "BACKTRACKING or STRONG_WOLFE")
+      .def_readwrite("ls_max_iters", &SolverConfig::ls_max_iters)
+      .def_readwrite("ls_cutback", &SolverConfig::ls_cutback)
+      .def_readwrite("ls_c", &SolverConfig::ls_c)
+      .def_readwrite("solver_kind", &SolverConfig::solver_kind, "direct or krylov")
+      .def_readwrite("krylov", &SolverConfig::krylov)
+      .def_readwrite("compact_below", &SolverConfig::compact_below)
+      .def_readwrite("row_pass", &SolverConfig::row_pass,
+                     "on the CPU, Newton's steps as one pass over the rows (True) or as "
+                     "tensor operations (False)")
+      .def("__repr__", [](const SolverConfig& c) {
+        return std::string(py::str("SolverConfig(atol={}, rtol={}, miters={}, ls_type='{}', "
+                                   "ls_max_iters={}, ls_cutback={}, ls_c={}, solver_kind='{}')")
+                               .format(c.atol, c.rtol, c.miters, c.ls_type, c.ls_max_iters,
+                                       c.ls_cutback, c.ls_c, c.solver_kind));
+      });
+}
+
+} // namespace neml2::python

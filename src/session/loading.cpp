@@ -1,0 +1,230 @@
+// Loading a session: the artifact's names and shapes, where each graph's arguments and
+// results come from, and its graphs, each checked against metadata.json.
+
+#include <algorithm>
+#include <thread>
+
+#include <ATen/ATen.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
+
+#include "core/shape_text.hpp"
+#include "session/session_impl.hpp"
+
+namespace neml2 {
+namespace {
+
+using detail::Graph;
+
+Shape concat(std::initializer_list<const Shape*> parts) {
+  Shape s;
+  for (const auto* p : parts)
+    s.insert(s.end(), p->begin(), p->end());
+  return s;
+}
+
+// A bare accelerator family means the current device of that family: pin it now, so that
+// inputs on that device are recognized as already in place. The CPU has no index worth
+// keeping: "cpu:0" is "cpu", as CPU tensors report it.
+c10::Device resolve(const Device& device) {
+  auto d = device.torch();
+  if (d.is_cpu())
+    return c10::kCPU;
+  if (d.has_index())
+    return d;
+  return c10::impl::getDeviceGuardImpl(d.type())->getDevice();
+}
+
+// Whether two shapes broadcast (aligned at the right, each pair of sizes equal or one 1).
+bool broadcast_together(const Shape& a, const Shape& b) {
+  for (auto i = a.rbegin(), j = b.rbegin(); i != a.rend() && j != b.rend(); ++i, ++j)
+    if (*i != *j && *i != 1 && *j != 1)
+      return false;
+  return true;
+}
+
+} // namespace
+
+void Session::Impl::make_chain() {
+  chain = std::make_unique<detail::SegmentChain>(
+      *artifact,
+      [this](const std::string& package, const char* listed_as,
+             const std::vector<std::optional<Shape>>& arguments,
+             std::size_t results) -> detail::GraphFn {
+        if (package.empty())
+          return {};
+        auto graph =
+            std::make_shared<Graph>(leaf, package, torch_device, dtype, runners, listed_as);
+        graph->expect(arguments, results);
+        return [graph](const std::vector<at::Tensor>& args) { return graph->run(args); };
+      });
+  for (const auto& [o, i] : chain->jacobian_blocks()) {
+    jacobian_blocks.push_back({o, i});
+    jacobian_slots.push_back(
+        {detail::Gather::rows, concat({&output_base_shapes[o], &input_base_shapes[i]})});
+  }
+  param_jacobian_slots = forward_slots;
+  for (const auto& [o, p] : chain->param_jacobian_blocks())
+    param_jacobian_slots.push_back(
+        {detail::Gather::rows,
+         concat({&output_base_shapes[o], &artifact->parameters[p].base_shape})});
+  vjp_params = chain->param_vjp_params(); // the chain contracts its parameter Jacobian
+  for (std::size_t o = 0; o < output_names.size(); ++o)
+    vjp_cotangents.push_back(o);
+}
+
+Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
+                 c10::ScalarType dtype, std::size_t concurrency) try
+    : _impl(std::make_unique<Impl>()) {
+  auto& m = *_impl;
+  m.artifact = artifact;
+  m.dtype = dtype;
+  m.leaf = m.artifact->leaf(device, dtype);
+  m.torch_device =
+      detail::translate_foreign_errors("selecting the device", [&] { return resolve(device); });
+  m.device = Device(m.torch_device);
+  // On the CPU, calls from as many threads as the machine runs at once each get a runner
+  // (runners share the graph's constants); elsewhere, the chunks kept in flight.
+  m.runners = std::max<std::size_t>(
+      {concurrency, 1, m.device.is_accelerator() ? 1 : std::thread::hardware_concurrency()});
+  const auto& a = *m.artifact;
+
+  for (const auto& v : a.inputs) {
+    m.input_index[v.name] = m.input_names.size();
+    m.input_names.push_back(v.public_name);
+    m.input_base_shapes.push_back(v.base_shape);
+    m.input_trailing_shapes.push_back(concat({&v.sub_batch_shape, &v.base_shape}));
+  }
+  for (const auto& v : a.outputs) {
+    m.output_index[v.name] = m.output_names.size();
+    m.output_names.push_back(v.public_name);
+    m.output_base_shapes.push_back(v.base_shape);
+  }
+  std::map<std::string, std::size_t> param_index;
+  for (const auto& p : a.parameters) {
+    param_index[p.name] = param_index.size();
+    m.parameter_base_shapes[p.public_name] = p.base_shape;
+    const auto values = at::tensor(p.values, at::kDouble).reshape(p.shape);
+    m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
+  }
+
+  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there),
+  // which must broadcast together.
+  for (auto v = a.inputs.begin(); v != a.inputs.end(); ++v)
+    for (auto w = a.inputs.begin(); w != v; ++w)
+      if (!broadcast_together(w->sub_batch_shape, v->sub_batch_shape))
+        throw FatalError(fmt::format(
+            "{}/metadata.json: inputs '{}' (sub-batch shape {}) and '{}' (sub-batch shape {}) "
+            "do not broadcast together; the file is not what neml2-compile writes: regenerate "
+            "the artifact with neml2-compile",
+            a.root.string(), w->name, detail::shape_text(w->sub_batch_shape), v->name,
+            detail::shape_text(v->sub_batch_shape)));
+  std::vector<std::int64_t> sub_batch;
+  for (const auto& v : a.inputs)
+    sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
+  for (const auto& s : m.output_base_shapes)
+    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
+  m.jvp_slots = m.forward_slots;
+  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
+  m.jacobian_slots = m.forward_slots;
+  if (!a.single_forward()) {
+    m.make_chain();
+    return;
+  }
+  m.segment = &std::get<ForwardSegment>(a.segments.front());
+  const auto& seg = *m.segment;
+
+  const auto position = [&](const std::map<std::string, std::size_t>& index,
+                            const std::string& name, const char* what) {
+    const auto it = index.find(name);
+    if (it == index.end())
+      throw FatalError(fmt::format("{}/metadata.json: the segment names {} '{}', which is not "
+                                   "declared at the top level; regenerate with neml2-compile",
+                                   a.root.string(), what, name));
+    return it->second;
+  };
+  for (const auto& n : seg.inputs)
+    m.graph_inputs.push_back(position(m.input_index, n, "input"));
+  for (const auto& n : seg.param_inputs)
+    m.graph_params.push_back(position(param_index, n, "parameter"));
+  for (const auto& n : seg.outputs)
+    m.graph_outputs.push_back(position(m.output_index, n, "output"));
+  const auto is_identity = [](const std::vector<std::size_t>& positions) {
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      if (positions[i] != i)
+        return false;
+    return true;
+  };
+  m.outputs_in_master_order =
+      is_identity(m.graph_outputs) && m.graph_outputs.size() == m.output_names.size();
+  m.graph_takes_inputs_as_is = is_identity(m.graph_inputs) &&
+                               m.graph_inputs.size() == m.input_names.size() &&
+                               m.graph_params.empty();
+  for (const auto& p : seg.jacobian_pairs)
+    m.jacobian_blocks.push_back(
+        {position(m.output_index, p.out, "output"), position(m.input_index, p.in, "input")});
+  for (const auto& n : seg.param_vjp_params)
+    m.vjp_params.push_back(position(param_index, n, "parameter"));
+  for (const auto& n : seg.param_vjp_outputs)
+    m.vjp_cotangents.push_back(position(m.output_index, n, "output"));
+
+  for (const auto& p : seg.jacobian_pairs)
+    m.jacobian_slots.push_back(
+        {p.batch_independent ? detail::Gather::shared : detail::Gather::rows,
+         concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape})});
+  m.param_jacobian_slots = m.forward_slots;
+  for (const auto& p : seg.param_jacobian_pairs)
+    m.param_jacobian_slots.push_back(
+        {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
+
+  // Each graph checked against what metadata.json says it takes and returns.
+  std::vector<std::optional<Shape>> arguments; // (B, *trailing) each
+  const auto batched = [](const Shape& trailing) {
+    auto shape = trailing;
+    shape.insert(shape.begin(), -1);
+    return shape;
+  };
+  for (auto i : m.graph_inputs)
+    arguments.emplace_back(batched(m.input_trailing_shapes[i]));
+  for (auto p : m.graph_params)
+    arguments.emplace_back(batched(a.parameters[p].base_shape));
+  using Result = Graph::Result;
+  std::vector<Result> outputs;
+  for (auto o : m.graph_outputs)
+    outputs.push_back({m.forward_slots[o].shape, false});
+  const auto load = [&](const std::string& package, const char* listed_as,
+                        const std::vector<std::optional<Shape>>& takes,
+                        std::vector<Result> results) {
+    if (package.empty())
+      return Graph{};
+    Graph graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
+    graph.expect(takes, std::move(results), dtype);
+    return graph;
+  };
+  m.value_graph = load(seg.package, "package", arguments, outputs);
+  auto jvp_results = outputs;
+  for (const auto& p : seg.jacobian_pairs) // blocks that do not vary come back with size 1
+    jvp_results.push_back(
+        {concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape}), true});
+  m.jvp_graph = load(seg.jvp_package, "jvp_package", arguments, jvp_results);
+  std::vector<Result> param_blocks;
+  for (const auto& p : seg.param_jacobian_pairs)
+    param_blocks.push_back({concat({&p.out_base_shape, &p.param_base_shape}), true});
+  m.param_jacobian_graph =
+      load(seg.param_jacobian_package, "param_jacobian_package", arguments, param_blocks);
+  auto vjp_arguments = arguments;
+  for (auto o : m.vjp_cotangents)
+    vjp_arguments.emplace_back(batched(m.forward_slots[o].shape));
+  std::vector<Result> gradients;
+  for (auto p : m.vjp_params)
+    gradients.push_back({a.parameters[p].base_shape, false});
+  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, gradients);
+} catch (const Exception&) {
+  throw;
+} catch (const std::exception& e) { // what the checks above did not foresee, as one of ours
+  throw detail::foreign(fmt::format("loading the artifact '{}' for {}",
+                                    artifact ? artifact->root.string() : "?", device.str()),
+                        e);
+}
+
+} // namespace neml2
