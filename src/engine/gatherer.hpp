@@ -10,7 +10,7 @@
 
 #include <neml2/errors.hpp>
 
-#include "engine/chunking.hpp"
+#include "engine/placement.hpp"
 
 namespace neml2::detail {
 

@@ -5,7 +5,7 @@
 
 #include <ATen/ATen.h>
 
-#include "engine/chunking.hpp"
+#include "engine/placement.hpp"
 #include "session/call_protocol.hpp"
 
 namespace neml2::detail {

@@ -30,7 +30,7 @@ using Places = c10::SmallVector<Place, 8>;
 /// target's memory (each target once), so a graph's result lands in place (the caller's
 /// tensor, or a chunk's rows of kept memory) instead of memory of its own that is then
 /// copied. Nothing depends on it happening: a result whose data is its target's is not
-/// copied again (copy_rows in src/engine/chunking.cpp), any other is copied as before.
+/// copied again (copy_rows in src/engine/placement.cpp), any other is copied as before.
 /// Code other than the graph's that runs meanwhile on the thread (an observer, a call it
 /// makes) runs under a LandingPause, so that nothing it keeps can be a target.
 class Landing {

@@ -1,7 +1,7 @@
 #pragma once
 
 // Where a call's chunks go: the pieces a large CPU call runs in, the places its results
-// land, and the caller's tensors checked as targets (src/engine/chunking.cpp).
+// land, and the caller's tensors checked as targets (src/engine/placement.cpp).
 
 #include <cstdint>
 #include <vector>

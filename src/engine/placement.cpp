@@ -1,6 +1,7 @@
-// Where a call's chunks go (see chunking.hpp).
+// Where a call's rows go: the pieces of a large CPU call, the places its results land, the
+// caller's tensors checked as targets (see placement.hpp).
 
-#include "engine/chunking.hpp"
+#include "engine/placement.hpp"
 
 #include <bit>
 #include <cstring>
