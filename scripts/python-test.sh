@@ -7,7 +7,8 @@
 # --cmake-prefix` prints). Extra arguments go to pytest.
 #
 # The suites load the main build's models (build/artifacts, made by scripts/test.sh; the
-# artifacts target is built here when missing). NEML2_DISPATCH_PYTHON_WORK (default
+# artifacts target is built here when missing), and the wheel links the main build's
+# compiled library, tools and program (built here when missing). NEML2_DISPATCH_PYTHON_WORK (default
 # build-wheel/) keeps the wheel's CMake tree between runs, so a second run recompiles
 # only what changed. NEML2_DISPATCH_BUILD_LOCK: a file to flock around each build step.
 set -euo pipefail
@@ -21,18 +22,23 @@ lock=()
 [ -z "${NEML2_DISPATCH_BUILD_LOCK:-}" ] || lock=(flock "$NEML2_DISPATCH_BUILD_LOCK")
 step() { echo "=== python-test: $* ($((SECONDS - start)) s)"; }
 
-step "the models the suites load ($build/artifacts)"
+step "the models the suites load ($build/artifacts), the library and the program"
 if [ -f "$build/CMakeCache.txt" ]; then
-  "${lock[@]}" cmake --build "$build" --target neml2_dispatch_artifacts -j "$(nproc)" >/dev/null
+  "${lock[@]}" cmake --build "$build" --target neml2_dispatch_artifacts neml2_dispatch_program \
+    -j "$(nproc)" >/dev/null
 else
-  NEML2_DISPATCH_BUILD="$build" NEML2_DISPATCH_TARGETS=neml2_dispatch_artifacts \
+  NEML2_DISPATCH_BUILD="$build" NEML2_DISPATCH_TARGETS="neml2_dispatch_artifacts neml2_dispatch_program" \
     "${lock[@]}" "$root/scripts/build.sh"
 fi
 
-step "the wheel (scikit-build-core, no build isolation)"
+# The wheel as a user's pip builds it, but for the library, the tools and the program: their
+# objects are the main build's (the same sources and flags, checked by python/CMakeLists.txt),
+# not compiled a second time.
+step "the wheel (scikit-build-core, no build isolation; the main build's objects)"
 rm -rf "$work/dist"
 CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" "${lock[@]}" "$python" -m pip wheel -q --no-deps \
-  --no-build-isolation --wheel-dir "$work/dist" -C build-dir="$work/cmake" "$root/python"
+  --no-build-isolation --wheel-dir "$work/dist" -C build-dir="$work/cmake" \
+  -C cmake.define.NEML2_DISPATCH_REUSE_BUILD="$build" "$root/python"
 wheel=("$work"/dist/neml2_dispatch-*.whl)
 ls -l "${wheel[0]}"
 

@@ -48,7 +48,9 @@ inline Held hold(py::object object) {
 }
 
 /// Runs `f` (Python code the library calls back) with the GIL taken and the thread marked
-/// as in a callback; a Python exception becomes a FatalError "<who> raised <message>".
+/// as in a callback; a Python exception becomes a FatalError "<who> raised <message>", but
+/// for a BaseException that is no Exception (KeyboardInterrupt, SystemExit), which goes on
+/// as it is.
 template <class F>
 auto run_callback(const std::string& who, F&& f) {
   py::gil_scoped_acquire gil;
@@ -56,6 +58,8 @@ auto run_callback(const std::string& who, F&& f) {
   try {
     return f();
   } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_Exception))
+      throw;
     throw FatalError(who + " raised " + e.what());
   }
 }

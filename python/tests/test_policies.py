@@ -184,6 +184,26 @@ def test_a_model_and_the_simulator_refuse_a_python_policys_bad_answer_alike(elas
     assert said in str(by_model.value) + "\n" + by_model.value.details
 
 
+class Validates(EveryN):
+    def __init__(self, raises):
+        super().__init__(0)
+        self.raises = raises
+
+    def validate(self):
+        raise self.raises
+
+
+def test_a_python_policys_validate_is_asked_at_load_and_in_a_simulation(elasticity):
+    for run in (lambda p: nd.load_model(elasticity, p),
+                lambda p: nd.simulate(p, [{"curve": [(1, 1e6)]}], 3)):
+        with pytest.raises(nd.FatalError, match=r"the Python policy's validate\(\) raised "
+                                                 r"ValueError: no such device"):
+            run(Validates(ValueError("no such device")))
+        # Ctrl-C is Python's, not the library's.
+        with pytest.raises(KeyboardInterrupt):
+            run(Validates(KeyboardInterrupt()))
+
+
 def test_a_python_policy_missing_a_method_is_refused_at_load(elasticity):
     class NoChunkRows:
         dispatch_mode = "synchronous"
