@@ -85,11 +85,11 @@ TEST_CASE("invalid configurations say what to change") {
                  "capacities is 4 for cpu (device 0), below its batch size 8"));
   // More chunks in flight than a device runs: refused by the field, not at load by the
   // chunks_in_flight() it answers (the CPU keeps one chunk whatever its capacity).
-  CHECK(contains(validation_message(P{.devices = {"cpu", "cuda:0"},
-                                      .batch_sizes = {8},
-                                      .capacities = {8 * 4096, 8 * 1025}}),
-                 "capacities is 8200 for cuda:0 (device 1), 1025 times its batch size; at most "
-                 "1024 chunks run on an accelerator at once"));
+  CHECK(contains(
+      validation_message(
+          P{.devices = {"cpu", "cuda:0"}, .batch_sizes = {8}, .capacities = {8 * 4096, 8 * 1025}}),
+      "capacities is 8200 for cuda:0 (device 1), 1025 times its batch size; at most "
+      "1024 chunks run on an accelerator at once"));
   CHECK_NOTHROW(P{.devices = {"cpu", "cuda:0"}, .batch_sizes = {8}, .capacities = {8 * 4096, 8192}}
                     .validate());
   CHECK(contains(validation_message(P{.devices = {"cpu", "cpu:0"}, .batch_sizes = {8}}),

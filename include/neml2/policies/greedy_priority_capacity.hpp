@@ -100,8 +100,7 @@ struct GreedyPriorityCapacity {
       if (devices[d].is_accelerator() && capacity(d) / batch_size(d) > max_chunks_in_flight)
         throw FatalError("GreedyPriorityCapacity.capacities is " + std::to_string(capacity(d)) +
                          where + ", " + std::to_string(capacity(d) / batch_size(d)) +
-                         " times its batch size; at most " +
-                         std::to_string(max_chunks_in_flight) +
+                         " times its batch size; at most " + std::to_string(max_chunks_in_flight) +
                          " chunks run on an accelerator at once: make it at most that many "
                          "batch sizes");
     }
