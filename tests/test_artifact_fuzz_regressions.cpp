@@ -205,6 +205,51 @@ TEST_CASE("a zip directory no real package has is a FatalError before PyTorch's 
                                   "larger than 4 GiB"));
 }
 
+TEST_CASE("a zip directory whose entries name one record many times is refused: each byte "
+          "of the file is checked once") {
+  // Was minutes of work for an 11 MB file: the record's CRC-32 recomputed for each entry.
+  const auto good = repackaged([](std::string&) {});
+  const auto end = good.rfind("PK\x05\x06");
+  REQUIRE(end != std::string::npos);
+  const auto u16_at = [&](std::size_t at) {
+    return std::uint32_t(static_cast<unsigned char>(good[at])) |
+           std::uint32_t(static_cast<unsigned char>(good[at + 1])) << 8;
+  };
+  const auto u32_at = [&](std::size_t at) { return u16_at(at) | u16_at(at + 2) << 16; };
+  const auto put = [](std::string& bytes, std::size_t at, std::uint32_t v, int width) {
+    for (int k = 0; k < width; ++k)
+      bytes[at + k] = static_cast<char>((v >> (8 * k)) & 0xff);
+  };
+  const std::size_t directory = u32_at(end + 16), entries = u16_at(end + 10);
+  // The directory's entry of the largest record.
+  std::string largest;
+  std::uint32_t largest_stored = 0;
+  for (std::size_t e = 0, at = directory; e < entries; ++e) {
+    const auto length = 46 + u16_at(at + 28) + u16_at(at + 30) + u16_at(at + 32);
+    if (largest.empty() || u32_at(at + 20) > largest_stored) {
+      largest = good.substr(at, length);
+      largest_stored = u32_at(at + 20);
+    }
+    at += length;
+  }
+  REQUIRE(largest_stored > largest.size()); // each copy names more bytes than it adds
+  // The directory with 20000 more copies of that entry (the same record each time) after
+  // its own entries; what follows them (the end records) moved along.
+  const std::size_t copies = 20000, after = directory + u32_at(end + 12);
+  std::string hostile = good.substr(0, after);
+  for (std::size_t k = 0; k < copies; ++k)
+    hostile += largest;
+  const auto moved = hostile.size() - after;
+  hostile += good.substr(after);
+  const auto new_end = end + moved;
+  put(hostile, new_end + 8, static_cast<std::uint32_t>(entries + copies), 2);
+  put(hostile, new_end + 10, static_cast<std::uint32_t>(entries + copies), 2);
+  put(hostile, new_end + 12, static_cast<std::uint32_t>(after + moved - directory), 4);
+  const auto message = package_error(hostile);
+  CHECK_MESSAGE(has(message, "bytes, more than the file's"), message);
+  CHECK_MESSAGE(has(message, "records that overlap"), message);
+}
+
 TEST_CASE("an archive PyTorch's reader would refuse on opening is a FatalError before it") {
   // Found by fuzz_package: PyTorch's reader takes the archive's folder from the zip
   // directory's first entry, finds no version record there and throws, leaking the zip

@@ -48,6 +48,20 @@ void check_input_faults(const Model& m) {
     CHECK_MESSAGE(contains(message, part), message);
   };
 
+  SUBCASE("lazy views are read as their values: negated, the imaginary part of a conjugate, "
+          "a zero tensor without memory") {
+    const auto strain = strains(7);
+    const auto negated = at::_neg_view(strain);
+    REQUIRE(negated.is_neg());
+    test::check_close(forward(negated), expected_stress(-strain), "negated view");
+    const auto imag_of_conj = at::imag(at::conj(at::complex(strain.flip(0), strain)));
+    REQUIRE(imag_of_conj.is_neg());
+    test::check_close(forward(imag_of_conj), expected_stress(-strain), "imag of a conjugate");
+    const auto zero = at::_efficientzerotensor({7, 6}, at::kDouble);
+    REQUIRE(zero._is_zerotensor());
+    CHECK(at::equal(forward(zero), at::zeros({7, 6}, at::kDouble)));
+  }
+
   SUBCASE("NaN and Inf pass through row by row") {
     auto strain = strains(9);
     strain[2][1] = std::numeric_limits<double>::quiet_NaN();
@@ -148,6 +162,10 @@ TEST_CASE("input faults: NaN and Inf in an implicit model fail only their rows")
   in["t"].fill_(0.1);
   in["a"] = at::linspace(0.5, 2.0, rows, at::kDouble);
   const auto clean = m.forward(in).at("x");
+  // A negated view of the same values (the row pass reads raw memory): the same bits.
+  auto negated = in;
+  negated["a"] = at::_neg_view(-in["a"]);
+  CHECK(test::identical(m.forward(negated).at("x"), clean));
   in["a"][2] = std::numeric_limits<double>::quiet_NaN();
   in["x~1"][6] = std::numeric_limits<double>::infinity();
   try {

@@ -185,6 +185,14 @@ TEST_CASE("a tensor that does not fit is refused before anything runs") {
                  "output 'stress' has elements that share memory"));
   CHECK(contains(refused({}, at::empty({7, 7}, at::kDouble)),
                  "block ['stress']['strain'] has shape [7, 7]"));
+  // Lazy views would be written as plain values, read back negated or as zeros.
+  CHECK(contains(refused(at::_neg_view(at::empty({7, 6}, at::kDouble)), block),
+                 "output 'stress' is a lazy view (its memory holds its values negated"));
+  CHECK(contains(refused(at::_efficientzerotensor({7, 6}, at::kDouble), block),
+                 "output 'stress' is a lazy view (a zero tensor without memory)"));
+  // Written in place outside autograd: refused where autograd would track it.
+  CHECK(contains(refused(at::empty({7, 6}, at::kDouble).requires_grad_(), block),
+                 "output 'stress' requires grad: results are written into it in place"));
   CHECK(contains(test::fatal_message([&] { m.forward_into(in, {}); }),
                  "no tensor given for output 'stress'"));
   CHECK(contains(test::fatal_message([&] {
@@ -560,6 +568,100 @@ TEST_CASE("results land in the caller's dense tensors and in kept memory: every 
     m.param_vjp_into(in, cotangents, grads); // summed over chunks: in another order
     test::check_close(grads, session.param_vjp(in, cotangents), "param_vjp", 1e-13);
   }
+}
+
+// A tensor over `data` (no storage of its own: torch's from_blob), shape `sizes`, strides
+// `strides`.
+at::Tensor over(double* data, at::IntArrayRef sizes, at::IntArrayRef strides) {
+  return at::from_blob(data, sizes, strides, at::kDouble);
+}
+
+TEST_CASE("memory shared through separate storages (tensors made from one pointer) is "
+          "judged by its bytes: inputs are read as given, destinations that meet are refused, "
+          "interleaved ones that do not are written") {
+  const auto stub = test::stub("elasticity", "elasticity");
+  // 33 rows in chunks; 100000 rows: a whole-batch CPU call, run in pieces.
+  for (const std::int64_t B : {33, 100000}) {
+    CAPTURE(B);
+    const auto strain = at::rand({B, 6}, at::kDouble).mul(1e-3);
+    const auto chunk = B == 33 ? 5 : 0;
+    const auto m = load_model(stub, "elasticity", SyncChunking{.batch_size = chunk});
+    const auto pool = load_model(stub, "elasticity",
+                                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {16}});
+    const auto expected = m.forward({{"strain", strain}}).at("stress");
+    for (const AnyDispatchedModel* model : {static_cast<const AnyDispatchedModel*>(&m),
+                                            static_cast<const AnyDispatchedModel*>(&pool)}) {
+      // Rows shifted by one row in one buffer, either way, each view its own storage.
+      for (const std::int64_t shift : {1, -1}) {
+        CAPTURE(shift);
+        std::vector<double> buffer(static_cast<std::size_t>((B + 1) * 6));
+        const auto input = over(buffer.data() + (shift > 0 ? 0 : 6), {B, 6}, {6, 1});
+        const auto output = over(buffer.data() + (shift > 0 ? 6 : 0), {B, 6}, {6, 1});
+        REQUIRE_FALSE(input.storage().is_alias_of(output.storage()));
+        input.copy_(strain);
+        model->forward_into({{"strain", input}}, {{"stress", output}});
+        CHECK(test::identical(output, expected));
+      }
+      // Interleaved columns that meet (strided views of one buffer, separate storages).
+      std::vector<double> wide(static_cast<std::size_t>(B * 9));
+      const auto input = over(wide.data(), {B, 6}, {9, 1});
+      input.copy_(strain);
+      const auto output = over(wide.data() + 3, {B, 6}, {9, 1});
+      model->forward_into({{"strain", input}}, {{"stress", output}});
+      CHECK(test::identical(output, expected));
+    }
+  }
+  // Two destinations over one buffer: interleaved and apart (written), or meeting (refused).
+  const auto strain = at::rand({33, 6}, at::kDouble);
+  const auto tangent = at::rand_like(strain);
+  const auto m = load_model(stub, "elasticity", SyncChunking{.batch_size = 5});
+  const auto [out, dout] = m.jvp({{"strain", strain}}, {{"strain", tangent}});
+  std::vector<double> pair(33 * 12, 7.0);
+  m.jvp_into({{"strain", strain}}, {{"strain", tangent}},
+             {{"stress", over(pair.data(), {33, 6}, {12, 1})}},
+             {{"stress", over(pair.data() + 6, {33, 6}, {12, 1})}});
+  CHECK(test::identical(over(pair.data(), {33, 6}, {12, 1}), out.at("stress")));
+  CHECK(test::identical(over(pair.data() + 6, {33, 6}, {12, 1}), dout.at("stress")));
+  std::fill(pair.begin(), pair.end(), 7.0);
+  CHECK(contains(test::fatal_message([&] {
+                   m.jvp_into({{"strain", strain}}, {{"strain", tangent}},
+                              {{"stress", over(pair.data(), {33, 6}, {12, 1})}},
+                              {{"stress", over(pair.data() + 5, {33, 6}, {12, 1})}});
+                 }),
+                 "tangent of output 'stress' and output 'stress' share memory"));
+  CHECK(std::all_of(pair.begin(), pair.end(), [](double x) { return x == 7.0; })); // untouched
+  // Rows of one buffer, every other one each: they never meet.
+  std::vector<double> rows(66 * 6, 7.0);
+  m.jvp_into({{"strain", strain}}, {{"strain", tangent}},
+             {{"stress", over(rows.data(), {33, 6}, {12, 1})}},
+             {{"stress", over(rows.data() + 6, {33, 6}, {12, 1})}});
+  CHECK(test::identical(over(rows.data() + 6, {33, 6}, {12, 1}), dout.at("stress")));
+}
+
+TEST_CASE("a call bumps the autograd version of the tensors it writes: backward() through a "
+          "tensor it overwrote raises torch's in-place error") {
+  const auto m = load_model(test::stub("elasticity", "elasticity"), "elasticity",
+                            SyncChunking{.batch_size = 5});
+  const auto strain = at::rand({9, 6}, at::kDouble);
+  auto stress = at::zeros({9, 6}, at::kDouble);
+  const auto before = stress._version();
+  m.forward_into({{"strain", strain}}, {{"stress", stress}});
+  CHECK(stress._version() > before);
+  // A tensor autograd saved (x * y saves y), overwritten by a call: backward refuses.
+  const auto x = at::ones({9, 6}, at::kDouble).requires_grad_();
+  const auto y = at::zeros({9, 6}, at::kDouble);
+  const auto loss = (x * y).sum();
+  m.forward_into({{"strain", strain}}, {{"stress", y}});
+  CHECK_THROWS_WITH_AS(loss.backward(), doctest::Contains("modified by an inplace operation"),
+                       c10::Error);
+  // Inference tensors have no version: written all the same.
+  at::Tensor inference;
+  {
+    c10::InferenceMode guard;
+    inference = at::zeros({9, 6}, at::kDouble);
+  }
+  m.forward_into({{"strain", strain}}, {{"stress", inference}});
+  CHECK(test::identical(inference, m.forward({{"strain", strain}}).at("stress")));
 }
 
 TEST_CASE("an output that is also the input: the call reads what it was given") {

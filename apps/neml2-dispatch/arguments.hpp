@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -66,6 +68,16 @@ struct ModelArguments {
   }
   [[nodiscard]] c10::ScalarType scalar_type() const { return neml2::dtype_from_name(dtype); }
 };
+
+// `text` whole as a finite number ("1e-4"; not "inf", "nan", "2e-5s" or " 1"), else nothing.
+[[nodiscard]] std::optional<double> parse_finite(std::string_view text);
+// `text` whole as a 64-bit integer ("1024"; not "1024abc", "1e3" or out of range), else nothing.
+[[nodiscard]] std::optional<std::int64_t> parse_integer(std::string_view text);
+
+// A number option's value is finite and > 0 (CLI11's PositiveNumber lets "inf" through).
+extern const CLI::Validator finite_positive;
+// A count option's value is a whole number >= 1 (`minimum` 0: >= 0) that fits 64 bits.
+CLI::Validator whole_number(std::int64_t minimum = 1);
 
 // "cuda:1" is a device; "gpu" is a usage error that lists the families.
 extern const CLI::Validator device_check;

@@ -32,11 +32,11 @@ struct RunCommand {
                   "tuned (from --tune-file)")
         ->check(CLI::IsMember({"sync", "greedy", "tuned"}));
     c->add_option("--device", devices, "the devices (sync: one)")->check(device_check);
-    c->add_option("--batch", batch, "rows per call")->required()->check(CLI::PositiveNumber);
+    c->add_option("--batch", batch, "rows per call")->required()->check(whole_number());
     c->add_option("--batch-size", batch_sizes, "rows per chunk: one, or one per device")
-        ->check(CLI::NonNegativeNumber);
+        ->check(whole_number(0));
     c->add_option("--capacity", capacities, "greedy: rows in flight per device")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number());
     c->add_option("--tune-file", tune_file, "tuned: the tune file")->check(CLI::ExistingFile);
     return c;
   }

@@ -56,11 +56,7 @@ std::vector<std::pair<neml2::Device, neml2::DeviceFamily>> parse_pool(const std:
     std::int64_t count = 1;
     if (const auto x = entry.find('x');
         x != std::string::npos && x > 0 && std::isdigit(static_cast<unsigned char>(entry[0]))) {
-      try {
-        count = std::stoll(entry.substr(0, x));
-      } catch (const std::exception&) {
-        count = 0;
-      }
+      count = parse_integer(std::string_view(entry).substr(0, x)).value_or(0);
       entry = entry.substr(x + 1);
     }
     neml2::Device device;
@@ -105,17 +101,16 @@ std::pair<neml2::DeviceFamily, neml2::DeviceCurve> parse_curve(const std::string
   std::string point;
   while (std::getline(points, point, ',')) {
     const auto colon = point.find(':');
-    try {
-      if (colon == std::string::npos)
-        throw std::invalid_argument("");
-      const auto rows = std::stoll(point.substr(0, colon));
-      const auto rate = std::stod(point.substr(colon + 1));
-      if (rows < 1 || !(rate > 0) || (!curve.points.empty() && rows <= curve.points.back().rows))
-        throw std::invalid_argument("");
-      curve.points.push_back({rows, rate, rate, rate, 1});
-    } catch (const std::exception&) {
-      throw bad("point '" + point + "' is not ROWS:RATE with ROWS >= 1 increasing, RATE > 0");
-    }
+    const std::string_view whole(point);
+    const auto rows =
+        colon == std::string::npos ? std::nullopt : parse_integer(whole.substr(0, colon));
+    const auto rate =
+        colon == std::string::npos ? std::nullopt : parse_finite(whole.substr(colon + 1));
+    if (!rows || !rate || *rows < 1 || !(*rate > 0) ||
+        (!curve.points.empty() && *rows <= curve.points.back().rows))
+      throw bad("point '" + point +
+                "' is not ROWS:RATE with whole ROWS >= 1 increasing, finite RATE > 0");
+    curve.points.push_back({*rows, *rate, *rate, *rate, 1});
   }
   if (curve.points.empty())
     throw bad("no points");
@@ -127,14 +122,12 @@ void parse_per_family(const std::vector<std::string>& given, const char* flag,
                       std::map<neml2::DeviceFamily, double>& out, bool accelerators_only) {
   for (const auto& text : given) {
     const auto eq = text.find('=');
-    double value = -1;
-    try {
-      value = std::stod(text.substr(eq == std::string::npos ? 0 : eq + 1));
-    } catch (const std::exception&) {
-    }
-    if (!(value >= 0))
+    const auto parsed =
+        parse_finite(std::string_view(text).substr(eq == std::string::npos ? 0 : eq + 1));
+    if (!parsed || !(*parsed >= 0))
       throw UsageError(std::string(flag) + " '" + text +
-                       "' is not SECONDS or FAMILY=SECONDS with SECONDS >= 0");
+                       "' is not SECONDS or FAMILY=SECONDS with finite SECONDS >= 0");
+    const auto value = *parsed;
     if (eq == std::string::npos) {
       for (const auto f : neml2::known_device_families)
         if (!accelerators_only || neml2::is_accelerator(f))
@@ -161,7 +154,7 @@ struct SimulateCommand {
     c->add_option("tune_file", tune_file, "a tune file (its curves and recommendations)")
         ->check(CLI::ExistingFile);
     c->add_option("--pool", pool_text, "the node's devices, e.g. cpu,8xcuda")->required();
-    c->add_option("--batch", batch, "rows per call")->required()->check(CLI::PositiveNumber);
+    c->add_option("--batch", batch, "rows per call")->required()->check(whole_number());
     c->add_option("--calls", calls, "calls in a row (the policy's state lives across them)")
         ->check(CLI::Range(1, 1000));
     c->add_option("--curve", curves, "a curve by hand: FAMILY=ROWS:RATE,ROWS:RATE,...");

@@ -61,15 +61,14 @@ struct TuneCommand {
     c->add_option("--device", devices, "a device to tune (repeat for several)")
         ->required()
         ->check(device_check);
-    c->add_option("--budget", budget, "seconds of measurement per device")
-        ->check(CLI::PositiveNumber);
+    c->add_option("--budget", budget, "seconds of measurement per device")->check(finite_positive);
     c->add_option("--batch", batch,
                   "rows per call of your host: each size is timed as the chunk size of such a "
                   "call (sizes start at batch / 1024)")
-        ->check(CLI::PositiveNumber);
-    c->add_option("--min-rows", min_rows, "the smallest chunk size")->check(CLI::PositiveNumber);
+        ->check(whole_number());
+    c->add_option("--min-rows", min_rows, "the smallest chunk size")->check(whole_number());
     c->add_option("--max-rows", max_rows, "the largest chunk size (also capped to what fits)")
-        ->check(CLI::PositiveNumber);
+        ->check(whole_number());
     c->add_option("--out", out, "the tune file to write (default: <model>.tune.json)");
     c->add_option("--plot", plot_file, "also draw the curves into this PNG");
     c->add_option("--python", python, "the Python with matplotlib that draws the plot");

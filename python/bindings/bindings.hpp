@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,15 +25,17 @@ namespace py = pybind11;
 /// `m` and translates every neml2::Exception (and torch's c10::Error) into it.
 void register_errors(py::module_& m);
 
-/// Nonzero on a thread while it runs Python code the library called back (an observer, a
-/// Python policy's method): a configuration of a model from there would wait for the very
-/// call that runs it, so it is refused.
-extern thread_local int in_callback;
+class PendingInterrupt;
 
-/// Marks the current thread as in a callback for its lifetime.
+/// The models whose callbacks (an observer, a Python policy's method) this thread is
+/// running, by their PendingInterrupt: a configuration of one of them from there would
+/// wait for the very call that runs it, so it is refused. Other models may be configured.
+extern thread_local std::vector<const PendingInterrupt*> in_callback;
+
+/// Marks the current thread as in a callback of `model` for its lifetime.
 struct CallbackMark {
-  CallbackMark() { ++in_callback; }
-  ~CallbackMark() { --in_callback; }
+  explicit CallbackMark(const PendingInterrupt* model) { in_callback.push_back(model); }
+  ~CallbackMark() { in_callback.pop_back(); }
   CallbackMark(const CallbackMark&) = delete;
   CallbackMark& operator=(const CallbackMark&) = delete;
 };
@@ -51,16 +54,39 @@ inline Held hold(py::object object) {
 /// as in a callback; a Python exception becomes a FatalError "<who> raised <message>", but
 /// for a BaseException that is no Exception (KeyboardInterrupt, SystemExit), which goes on
 /// as it is.
+/// A BaseException that is not an Exception (KeyboardInterrupt, SystemExit, GeneratorExit)
+/// raised by a callback during a model's call: kept while the library fails and cleans up
+/// the call as it does for any callback error, then raised unchanged by the call itself
+/// (Model::call), so that `except Exception` does not swallow a Ctrl-C. The first one wins.
+class PendingInterrupt {
+public:
+  void keep(py::error_already_set error);
+  /// Raises the kept one, if any (the GIL held).
+  void raise_if_kept();
+
+private:
+  std::mutex _mutex;
+  std::optional<py::error_already_set> _error;
+};
+using Interrupts = std::shared_ptr<PendingInterrupt>;
+
+/// f() with the GIL taken, as a callback: a Python Exception becomes a FatalError naming
+/// `who`; any other BaseException is kept in `pending` (a FatalError fails the call, the
+/// call raises it) or, without one, leaves as it is.
 template <class F>
-auto run_callback(const std::string& who, F&& f) {
+auto run_callback(const std::string& who, F&& f, PendingInterrupt* pending = nullptr) {
   py::gil_scoped_acquire gil;
-  CallbackMark mark;
+  CallbackMark mark(pending);
   try {
     return f();
   } catch (py::error_already_set& e) {
-    if (!e.matches(PyExc_Exception))
+    if (e.matches(PyExc_Exception))
+      throw FatalError(who + " raised " + e.what());
+    if (!pending)
       throw;
-    throw FatalError(who + " raised " + e.what());
+    const auto what = who + " raised " + e.what() + "; the call stopped and raises it";
+    pending->keep(std::move(e));
+    throw FatalError(what);
   }
 }
 
@@ -109,7 +135,8 @@ bool is_python_policy(const py::object& policy);
 
 /// A model of `artifact` dispatched by a policy written in Python (python_policy.cpp).
 AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
-                                      const py::object& policy, c10::ScalarType dtype);
+                                      const py::object& policy, c10::ScalarType dtype,
+                                      Interrupts pending);
 
 /// simulate() of a policy written in Python on `devices` (the GIL held throughout), as
 /// simulation_json's text.

@@ -86,6 +86,22 @@ py::object new_type(py::module_& m, const char* name, const char* doc, PyObject*
 
 } // namespace
 
+void PendingInterrupt::keep(py::error_already_set error) {
+  const std::lock_guard lock(_mutex);
+  if (!_error)
+    _error.emplace(std::move(error));
+}
+
+void PendingInterrupt::raise_if_kept() {
+  std::optional<py::error_already_set> error;
+  {
+    const std::lock_guard lock(_mutex);
+    error.swap(_error);
+  }
+  if (error)
+    throw std::move(*error); // pybind11 restores the Python exception as it was
+}
+
 void register_errors(py::module_& m) {
   auto error = new_type(m, "Error",
                         "Base of every error neml2_dispatch raises: the library's message, "

@@ -5,6 +5,7 @@
 // waits for running calls to finish (a shared lock), so no Python thread overlaps a call
 // with a change forbidden then. Also PreparedCall, ChunkEvent and load_model.
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -34,34 +35,43 @@ namespace {
 // A Python callable as a ChunkObserver: called with the GIL taken, from whichever thread
 // runs the chunk; released under the GIL too. A Python exception becomes a C++ one (its
 // message kept), which fails the chunk as any observer error does.
-ChunkObserver as_observer(py::object callable) {
-  return [held = hold(std::move(callable))](const ChunkEvent& event) {
-    run_callback("the observer", [&] { (*held)(event); });
+ChunkObserver as_observer(py::object callable, Interrupts pending) {
+  return [held = hold(std::move(callable)), pending = std::move(pending)](const ChunkEvent& event) {
+    run_callback(
+        "the observer", [&] { (*held)(event); }, pending.get());
   };
 }
 
 struct Model {
-  Model(AnyDispatchedModel m, py::object p)
+  Model(AnyDispatchedModel m, py::object p, Interrupts i)
       : model(std::move(m))
-      , policy(std::move(p)) {}
+      , policy(std::move(p))
+      , pending(std::move(i)) {}
 
   AnyDispatchedModel model;
   py::object policy;               // a copy of a built-in policy; a Python policy itself
+  Interrupts pending;              // what its callbacks raise that a call raises again
   mutable std::shared_mutex guard; // calls shared; configuration exclusive
 
-  // f() with the GIL released, beside any other call, after any configuration.
+  // f() with the GIL released, beside any other call, after any configuration; a
+  // KeyboardInterrupt (or other BaseException) a callback raised leaves unchanged.
   template <class F>
   auto call(F&& f) const {
-    py::gil_scoped_release nogil;
-    std::shared_lock lock(guard);
-    return f();
+    try {
+      py::gil_scoped_release nogil;
+      std::shared_lock lock(guard);
+      return f();
+    } catch (...) {
+      pending->raise_if_kept();
+      throw;
+    }
   }
 
   // f() with the GIL released, once no call is running.
   template <class F>
   void configure(F&& f) {
-    if (in_callback)
-      throw FatalError("a chunk observer or a Python policy changed a model's configuration "
+    if (std::find(in_callback.begin(), in_callback.end(), pending.get()) != in_callback.end())
+      throw FatalError("a chunk observer or a Python policy changed its model's configuration "
                        "(set_parameter, set_solver_config or set_observer) during a call, "
                        "which would wait for that call for ever; change it after the call "
                        "returns");
@@ -95,6 +105,7 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
   const auto model_name = name.is_none() ? std::nullopt : std::optional(name.cast<std::string>());
   if (policy.is_none())
     policy = py::cast(SyncChunking{});
+  auto pending = std::make_shared<PendingInterrupt>();
   if (holds<SyncChunking>(policy)) {
     auto p = policy.cast<SyncChunking>();
     auto model = [&] {
@@ -102,7 +113,8 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
       return AnyDispatchedModel(
           DispatchedModel<SyncChunking>(load_artifact(path, model_name), std::move(p), dtype));
     }();
-    return std::make_unique<Model>(std::move(model), py::cast(policy.cast<SyncChunking>()));
+    return std::make_unique<Model>(std::move(model), py::cast(policy.cast<SyncChunking>()),
+                                   std::move(pending));
   }
   if (holds<GreedyPriorityCapacity>(policy)) {
     auto p = policy.cast<GreedyPriorityCapacity>();
@@ -111,12 +123,13 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
       return AnyDispatchedModel(DispatchedModel<GreedyPriorityCapacity>(
           load_artifact(path, model_name), std::move(p), dtype));
     }();
-    return std::make_unique<Model>(std::move(model),
-                                   py::cast(policy.cast<GreedyPriorityCapacity>()));
+    return std::make_unique<Model>(
+        std::move(model), py::cast(policy.cast<GreedyPriorityCapacity>()), std::move(pending));
   }
   if (is_python_policy(policy)) // a policy written in Python (python_policy.cpp)
     return std::make_unique<Model>(
-        load_python_policy(load_artifact(path, model_name), policy, dtype), policy);
+        load_python_policy(load_artifact(path, model_name), policy, dtype, pending), policy,
+        pending);
   throw FatalError("load_model(): policy is a " + type_name(policy) +
                    "; give a neml2_dispatch.SyncChunking or GreedyPriorityCapacity (or "
                    "tuned_policy(...) of one), or a policy written in Python (an object "
@@ -269,7 +282,11 @@ void bind_model(py::module_& m) {
       .def(
           "set_observer",
           [](Model& self, py::object observer) {
-            auto fn = observer.is_none() ? ChunkObserver{} : as_observer(std::move(observer));
+            if (!observer.is_none() && !PyCallable_Check(observer.ptr()))
+              throw FatalError("set_observer(): observer is a " + type_name(observer) +
+                               "; give a callable that takes a ChunkEvent, or None");
+            auto fn = observer.is_none() ? ChunkObserver{}
+                                         : as_observer(std::move(observer), self.pending);
             self.configure([&] { self.model.set_observer(std::move(fn)); });
           },
           "observer"_a,

@@ -8,7 +8,7 @@
 
 namespace neml2::python {
 
-thread_local int in_callback = 0;
+thread_local std::vector<const PendingInterrupt*> in_callback;
 
 } // namespace neml2::python
 

@@ -74,12 +74,15 @@ std::optional<ChunkChoice> convert<std::optional<ChunkChoice>>(py::handle value,
 // Calls object.name(args...) as a callback: a Python exception becomes a FatalError that
 // names the method.
 template <class R, class... Args>
-R call(const Held& object, const char* name, Args&&... args) {
-  return run_callback("the Python policy's " + std::string(name) + "()", [&]() -> R {
-    auto result = object->attr(name)(std::forward<Args>(args)...);
-    if constexpr (!std::is_void_v<R>)
-      return convert<R>(result, name);
-  });
+R call(const Interrupts& pending, const Held& object, const char* name, Args&&... args) {
+  return run_callback(
+      "the Python policy's " + std::string(name) + "()",
+      [&]() -> R {
+        auto result = object->attr(name)(std::forward<Args>(args)...);
+        if constexpr (!std::is_void_v<R>)
+          return convert<R>(result, name);
+      },
+      pending.get());
 }
 
 std::vector<Device> devices_of(const py::object& object) {
@@ -96,7 +99,7 @@ std::vector<Device> devices_of(const py::object& object) {
 void validate_object(const Held& object) {
   if (py::gil_scoped_acquire gil; !py::hasattr(*object, "validate"))
     return;
-  call<void>(object, "validate");
+  call<void>(nullptr, object, "validate");
 }
 
 /// A synchronous policy in Python.
@@ -105,14 +108,15 @@ struct PythonSynchronousPolicy {
 
   Held object;
   std::vector<Device> listed;
+  Interrupts pending; // its model's (null in simulate)
 
   [[nodiscard]] const std::vector<Device>& devices() const { return listed; }
   void validate() const { validate_object(object); }
   [[nodiscard]] Device compute_device() const {
-    return Device(call<std::string>(object, "compute_device"));
+    return Device(call<std::string>(pending, object, "compute_device"));
   }
   [[nodiscard]] std::int64_t chunk_rows(std::int64_t batch) const {
-    return call<std::int64_t>(object, "chunk_rows", batch);
+    return call<std::int64_t>(pending, object, "chunk_rows", batch);
   }
 };
 static_assert(DispatchPolicy<PythonSynchronousPolicy>);
@@ -125,21 +129,22 @@ struct PythonAsynchronousPolicy {
   Held object;
   std::vector<Device> devices;
   bool has_chunks_in_flight = false;
+  Interrupts pending; // its model's (null in simulate)
 
   void validate() const { validate_object(object); }
   [[nodiscard]] std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
                                                       std::int64_t remaining, no_state&) const {
     const std::vector<std::int64_t> loads(rows_in_flight.begin(), rows_in_flight.end());
-    return call<std::optional<ChunkChoice>>(object, "next_chunk", loads, remaining);
+    return call<std::optional<ChunkChoice>>(pending, object, "next_chunk", loads, remaining);
   }
   void on_dispatched(std::size_t device, std::int64_t rows, no_state&) const {
-    call<void>(object, "on_dispatched", device, rows);
+    call<void>(pending, object, "on_dispatched", device, rows);
   }
   void on_completed(std::size_t device, std::int64_t rows, double seconds, no_state&) const {
-    call<void>(object, "on_completed", device, rows, seconds);
+    call<void>(pending, object, "on_completed", device, rows, seconds);
   }
   [[nodiscard]] std::int64_t chunks_in_flight(std::size_t d) const {
-    return has_chunks_in_flight ? call<std::int64_t>(object, "chunks_in_flight", d) : 1;
+    return has_chunks_in_flight ? call<std::int64_t>(pending, object, "chunks_in_flight", d) : 1;
   }
 };
 static_assert(DispatchPolicy<PythonAsynchronousPolicy>);
@@ -163,7 +168,8 @@ bool is_python_policy(const py::object& policy) {
 namespace {
 
 // The C++ policy that holds `policy` and calls it, after checking what its mode needs.
-std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::object& policy) {
+std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::object& policy,
+                                                                     Interrupts pending = {}) {
   const auto mode = py::str(policy.attr("dispatch_mode")).cast<std::string>();
   if (mode != "synchronous" && mode != "asynchronous")
     throw FatalError("a Python policy's dispatch_mode is '" + mode +
@@ -174,24 +180,25 @@ std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::o
   auto devices = devices_of(policy);
   if (mode == "synchronous") {
     require(policy, "synchronous", {"compute_device", "chunk_rows"});
-    return PythonSynchronousPolicy{hold(policy), std::move(devices)};
+    return PythonSynchronousPolicy{hold(policy), std::move(devices), std::move(pending)};
   }
   require(policy, "asynchronous", {"next_chunk", "on_dispatched", "on_completed"});
   return PythonAsynchronousPolicy{hold(policy), std::move(devices),
-                                  py::hasattr(policy, "chunks_in_flight")};
+                                  py::hasattr(policy, "chunks_in_flight"), std::move(pending)};
 }
 
 } // namespace
 
 AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
-                                      const py::object& policy, c10::ScalarType dtype) {
+                                      const py::object& policy, c10::ScalarType dtype,
+                                      Interrupts pending) {
   return std::visit(
       [&](auto p) {
         py::gil_scoped_release nogil;
         return AnyDispatchedModel(
             DispatchedModel<decltype(p)>(std::move(artifact), std::move(p), dtype));
       },
-      wrap(policy));
+      wrap(policy, std::move(pending)));
 }
 
 std::string simulate_python_policy(const py::object& policy,

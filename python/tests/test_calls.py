@@ -126,6 +126,69 @@ def test_into_forms_write_the_callers_tensors(policy):
     check_close(grads["elasticity.E"], eager_grads[eager_names[0]], "param_vjp_into E")
 
 
+def test_memory_shared_through_numpy_views_or_a_buffer_is_overlap(elasticity, eager_elasticity,
+                                                                  policy):
+    # torch.from_numpy of two views of one array, torch.frombuffer twice over one bytearray:
+    # separate storages over one memory. Results are those of the inputs as given.
+    import numpy as np
+    model = nd.load_model(elasticity, "elasticity", policy)
+    batch = 33
+    strain = torch.rand(batch, 6) * 1e-3
+    expected = raw(eager_elasticity.call_by_name({"strain": strain})["stress"])
+    buf = np.zeros((batch + 1, 6))
+    for given, written in ((buf[:-1], buf[1:]), (buf[1:], buf[:-1])):
+        source, target = torch.from_numpy(given), torch.from_numpy(written)
+        source.copy_(strain)
+        model.forward_into({"strain": source}, {"stress": target})
+        check_close(target, expected, "numpy views shifted by a row")
+    raw_bytes = bytearray(8 * 6 * (batch + 1))
+    source = torch.frombuffer(raw_bytes, dtype=torch.float64, count=6 * batch).view(batch, 6)
+    target = torch.frombuffer(raw_bytes, dtype=torch.float64, offset=48).view(batch, 6)
+    source.copy_(strain)
+    model.forward_into({"strain": source}, {"stress": target})
+    check_close(target, expected, "frombuffer twice")
+    # Two destinations over one array that meet are refused, naming both; nothing written.
+    out = np.full((batch, 12), 7.0)
+    with pytest.raises(nd.FatalError, match="share memory"):
+        model.jvp_into({"strain": strain}, {"strain": strain},
+                       {"stress": torch.from_numpy(out[:, :6])},
+                       {"stress": torch.from_numpy(out[:, 5:11])})
+    assert (out == 7.0).all()
+
+
+def test_lazy_views_are_read_as_their_values(elasticity, eager_elasticity):
+    model = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=4))
+    strain = torch.rand(9, 6) * 1e-3
+    expected = raw(eager_elasticity.call_by_name({"strain": -strain})["stress"])
+    negated = torch._neg_view(strain)
+    assert negated.is_neg()
+    check_close(model.forward({"strain": negated})["stress"], expected, "negated view")
+    imag = torch.complex(strain.flip(0), strain).conj().imag  # -strain, the negative bit set
+    assert imag.is_neg()
+    check_close(model.forward({"strain": imag})["stress"], expected, "imag of a conjugate")
+
+
+def test_writes_are_seen_by_autograd(elasticity):
+    model = nd.load_model(elasticity)
+    strain = torch.rand(9, 6)
+    # A tensor autograd saved for backward (x * y saves y), then overwritten by a call.
+    x = torch.ones(9, 6, requires_grad=True)
+    y = torch.zeros(9, 6)
+    loss = (x * y).sum()
+    version = y._version
+    model.forward_into({"strain": strain}, {"stress": y})
+    assert y._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+    # A destination that requires grad: refused, as torch's out= refuses it.
+    with pytest.raises(nd.FatalError, match="requires grad"):
+        model.forward_into({"strain": strain}, {"stress": torch.zeros(9, 6, requires_grad=True)})
+    with torch.no_grad():
+        leaf = torch.zeros(9, 6, requires_grad=True)
+        model.forward_into({"strain": strain}, {"stress": leaf})
+    assert torch.equal(leaf.detach(), model.forward({"strain": strain})["stress"])
+
+
 def test_prepared_call_gives_forwards_bits(elasticity, eager_elasticity, policy):
     model = nd.load_model(elasticity, "elasticity", policy)
     step = model.prepare(["strain"])

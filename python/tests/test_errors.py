@@ -183,7 +183,7 @@ def test_an_observer_that_reconfigures_its_model_is_refused_not_a_hang(elasticit
                           nd.SyncChunking(batch_size=4))
     model.set_observer(lambda event: model.set_parameter("elasticity.E", torch.tensor(1.0)))
     e = fatal(lambda: model.forward({"strain": torch.rand(9, 6)}), r"observer")
-    assert "changed a model's configuration" in str(e) + e.details
+    assert "changed its model's configuration" in str(e) + e.details
     model.set_observer(None)
     model.forward({"strain": torch.rand(9, 6)})
 
@@ -201,3 +201,42 @@ def test_import_neml2_after_loading_a_model(elasticity):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_an_observer_may_configure_another_model(elasticity):
+    other = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity")
+    model = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=4))
+    model.set_observer(lambda event: other.set_parameter("elasticity.E", torch.tensor(2.0e5)))
+    model.forward({"strain": torch.rand(9, 6)})
+    assert float(other.named_parameters()["elasticity.E"]) == 2.0e5
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit, GeneratorExit])
+@pytest.mark.parametrize("policy", [nd.SyncChunking(batch_size=4),
+                                    nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[4],
+                                                              capacities=[8])])
+def test_a_base_exception_from_an_observer_leaves_the_call_unchanged(elasticity, raised, policy):
+    # Not an Exception: `except Exception` must not swallow a Ctrl-C.
+    model = nd.load_model(elasticity, "elasticity", policy)
+
+    def observer(event):
+        raise raised("stop")
+
+    model.set_observer(observer)
+    with pytest.raises(raised) as caught:
+        model.forward({"strain": torch.rand(9, 6)})
+    assert type(caught.value) is raised and str(caught.value) == "stop"
+    # Nothing left behind: the next call runs, and one without an observer too.
+    with pytest.raises(raised):
+        model.forward_into({"strain": torch.rand(9, 6)}, {"stress": torch.empty(9, 6)})
+    model.set_observer(None)
+    strain = torch.rand(9, 6)
+    check_maps(model.forward({"strain": strain}), nd.load_model(elasticity).forward(
+        {"strain": strain}), "after the interrupt")
+
+
+def test_set_observer_refuses_what_it_cannot_call(elasticity):
+    model = nd.load_model(elasticity)
+    fatal(lambda: model.set_observer(5),
+          r"set_observer\(\): observer is a int; give a callable that takes a ChunkEvent, or None")
+    model.forward({"strain": torch.rand(3, 6)})  # nothing was set

@@ -220,3 +220,22 @@ def test_a_python_policy_missing_a_method_is_refused_at_load(elasticity):
 
     with pytest.raises(nd.FatalError, match=r"dispatch_mode is 'sometimes'"):
         nd.load_model(elasticity, BadMode(3))
+
+
+class Interrupting(EveryN):
+    """Synchronous: raises `raised` from chunk_rows."""
+
+    def __init__(self, raised):
+        super().__init__(4)
+        self.raised = raised
+
+    def chunk_rows(self, batch):
+        raise self.raised
+
+
+def test_a_base_exception_from_a_python_policy_leaves_the_call_unchanged(elasticity):
+    for raised in (KeyboardInterrupt("stop"), SystemExit(3)):
+        model = nd.load_model(elasticity, "elasticity", Interrupting(raised))
+        with pytest.raises(type(raised)) as caught:
+            model.forward({"strain": torch.rand(9, 6)})
+        assert caught.value is raised

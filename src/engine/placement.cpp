@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/core/grad_mode.h>
 
 #include "core/shape_text.hpp"
 
@@ -61,31 +62,49 @@ Places places(const BoundCall& call, const std::vector<at::Tensor>& results, std
 }
 
 namespace {
-// The offsets, in elements, of every element of `t` in its storage.
-at::Tensor element_offsets(const at::Tensor& t) {
-  auto offsets = at::full({1}, t.storage_offset(), at::kLong);
+// The byte offsets from `base` of every element of `t` (whose data starts `shift` bytes
+// after it), sorted.
+at::Tensor element_starts(const at::Tensor& t, std::int64_t shift) {
+  const auto size = static_cast<std::int64_t>(t.element_size());
+  auto starts = at::full({1}, shift, at::kLong);
   for (std::int64_t k = 0; k < t.dim(); ++k)
-    offsets = (offsets.unsqueeze(-1) + at::arange(t.size(k), at::kLong) * t.stride(k)).flatten();
-  return offsets;
-}
-
-// Whether `a` and `b` have an element in common, whatever their strides.
-bool share_elements(const at::Tensor& a, const at::Tensor& b) {
-  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0 || !a.has_storage() ||
-      !b.has_storage() || !a.storage().is_alias_of(b.storage()))
-    return false;
-  switch (at::get_overlap_status(a, b)) {
-  case at::MemOverlapStatus::No:
-    return false;
-  case at::MemOverlapStatus::Full:
-  case at::MemOverlapStatus::Partial:
-    return true;
-  default: // strided views of one storage (rows of one array, interleaved): element by element
-    return a.element_size() != b.element_size() ||
-           at::isin(element_offsets(a), element_offsets(b)).any().item<bool>();
-  }
+    starts =
+        (starts.unsqueeze(-1) + at::arange(t.size(k), at::kLong) * (t.stride(k) * size)).flatten();
+  return std::get<0>(starts.sort());
 }
 } // namespace
+
+bool share_memory(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined() || a.numel() == 0 || b.numel() == 0 || !a.has_storage() ||
+      !b.has_storage() || a.device() != b.device())
+    return false;
+  // The bytes each spans, from its first element to the end of its last.
+  const auto span = [](const at::Tensor& t) {
+    std::int64_t last = 0;
+    for (std::int64_t k = 0; k < t.dim(); ++k)
+      last += (t.size(k) - 1) * t.stride(k);
+    const auto begin = reinterpret_cast<std::uintptr_t>(t.const_data_ptr());
+    return std::pair{begin, begin + static_cast<std::uintptr_t>(last + 1) * t.element_size()};
+  };
+  const auto [a_begin, a_end] = span(a);
+  const auto [b_begin, b_end] = span(b);
+  if (a_end <= b_begin || b_end <= a_begin)
+    return false;
+  // A dense tensor holds every byte of its span.
+  if (a.is_non_overlapping_and_dense() || b.is_non_overlapping_and_dense())
+    return true;
+  // Strided views whose spans interleave: element by element. The last element of `b`
+  // that starts before one of `a` ends meets it if it ends after that one starts (the
+  // elements of `b` all have one size).
+  const auto base = std::min(a_begin, b_begin);
+  const auto starts_a = element_starts(a, static_cast<std::int64_t>(a_begin - base));
+  const auto starts_b = element_starts(b, static_cast<std::int64_t>(b_begin - base));
+  const auto size_a = static_cast<std::int64_t>(a.element_size());
+  const auto size_b = static_cast<std::int64_t>(b.element_size());
+  const auto before = at::searchsorted(starts_b, starts_a + size_a) - 1;
+  const auto last_b = starts_b.index({before.clamp_min(0)});
+  return ((before >= 0) & (last_b + size_b > starts_a)).any().item<bool>();
+}
 
 std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype, const Destinations& into) {
   std::vector<at::Tensor> targets;
@@ -109,24 +128,41 @@ std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype, const D
                        ", but the model "
                        "computes " +
                        c10::toString(dtype) + ": pass a " + c10::toString(dtype) + " tensor");
+    if (t.is_neg() || t.is_conj() || t._is_zerotensor())
+      throw FatalError(label + " is a lazy view (" +
+                       (t._is_zerotensor() ? "a zero tensor without memory"
+                                           : "its memory holds its values negated or conjugated") +
+                       "): the results would be written as plain values; pass a tensor that "
+                       "holds its own values, e.g. a new one from torch.empty_like");
+    if (t.requires_grad() && at::GradMode::is_enabled())
+      throw FatalError(label +
+                       " requires grad: results are written into it in place, outside "
+                       "autograd (as torch's out= arguments are); pass one that does not, or "
+                       "call under torch.no_grad()");
     if (at::has_internal_overlap(t) == at::MemOverlap::Yes)
       throw FatalError(label +
                        " has elements that share memory (an expanded or broadcast "
                        "view): pass a tensor whose elements are distinct, e.g. a slice of a "
                        "contiguous one");
     for (std::size_t j = 0; j < i; ++j)
-      if (share_elements(t, into.tensors[j]))
+      if (share_memory(t, into.tensors[j]))
         throw FatalError(label + " and " + into.labels[j] +
                          " share memory: the results would overwrite each other; pass tensors "
                          "that do not overlap");
     targets.push_back(rows && !call.batched ? t.unsqueeze(0) : t);
   }
+  // Autograd sees the writes to come: a tensor it saved for backward and that this call
+  // overwrites makes backward() raise torch's in-place error (tensors made in inference
+  // mode have no version to bump).
+  for (const auto& t : targets)
+    if (!t.is_inference())
+      t.unsafeGetTensorImpl()->bump_version();
   // An input the results overwrite is read from a copy: the results are those of the inputs
   // as given.
   for (auto* tensors : {&call.inputs, &call.params, &call.extras})
     for (auto& input : *tensors)
       for (const auto& t : into.tensors)
-        if (share_elements(input, t)) {
+        if (share_memory(input, t)) {
           input = input.clone();
           break;
         }

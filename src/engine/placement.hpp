@@ -35,10 +35,17 @@ inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
 
 /// The caller's tensors as a Gatherer writes them: each checked against its result's
 /// shape (batch axis as called), the dtype and its layout, and refused when it shares
-/// memory with another, before anything runs. An input of `call` that shares memory with
-/// one is replaced by a copy, so the results are those of the inputs as given.
+/// memory with another (share_memory), is a lazy (negated, conjugated or zero) view, or
+/// requires grad in grad mode, before anything runs. An input of `call` that shares memory
+/// with one is replaced by a copy, so the results are those of the inputs as given. Their
+/// autograd versions are bumped: the call writes them.
 [[nodiscard]] std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype,
                                                const Destinations& into);
+
+/// Whether `a` and `b` have a byte of memory in common, whatever storages hold them (two
+/// tensors made from one pointer are two storages): by their data pointers, sizes and
+/// strides, element by element where strided views interleave.
+[[nodiscard]] bool share_memory(const at::Tensor& a, const at::Tensor& b);
 
 /// Writes results (as a whole-batch call returns them) into the caller's tensors.
 void copy_into(const std::vector<at::Tensor>& into, const BoundCall& call,

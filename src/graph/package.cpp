@@ -117,6 +117,10 @@ void check_records(std::string_view bytes, const std::string& folder, const fs::
     damaged("a zip64 archive, which neml2-compile writes only for graphs larger than 4 GiB");
   // `.data/version` and `version`: the text of a stored record, nullopt in a compressed one.
   std::optional<std::optional<std::string>> version, old_version;
+  // Records lie apart in the file, each unpacking to at most max_package_bytes together:
+  // the checks below read each byte once, whatever the directory claims (tens of thousands
+  // of entries naming one large record would otherwise cost its CRC-32 each time).
+  std::size_t all_stored = 0, all_unpacked = 0;
   for (std::uint32_t e = 0; e < entries; ++e) {
     if (u32(at) != 0x02014b50u)
       damaged(fmt::format("zip directory entry {} is damaged", e));
@@ -136,6 +140,14 @@ void check_records(std::string_view bytes, const std::string& folder, const fs::
     if ((method == 0 && unpacked != stored) || unpacked > max_package_bytes ||
         (unpacked > max_wrapper_bytes && read_as_text(name)))
       damaged(fmt::format("record '{}' says it unpacks to {} bytes", name, unpacked));
+    all_stored += stored;
+    all_unpacked += unpacked;
+    if (all_stored > size)
+      damaged(fmt::format("its zip directory's first {} records hold {} bytes, more than the "
+                          "file's {}: records that overlap",
+                          e + 1, all_stored, size));
+    if (all_unpacked > max_package_bytes)
+      damaged(fmt::format("its records unpack to more than {} bytes together", max_package_bytes));
     if (method == 0 && crc32(data + begin, stored) != crc)
       damaged(fmt::format("record '{}' fails its CRC-32 check", name));
     if (e == 0 && !name.starts_with(folder + "/"))

@@ -137,6 +137,17 @@ private:
                                             const std::vector<at::Tensor>& u,
                                             const std::vector<at::Tensor>& g) const;
 
+  // The derivatives of a segment's outputs (forward) or unknowns (implicit, solved as
+  // `solved` from `givens`) with respect to the model's inputs (and parameters), chained
+  // from those of what it takes: one vector of columns per output, into `state` for the
+  // implicit ones.
+  [[nodiscard]] std::vector<std::vector<at::Tensor>>
+  forward_derivatives(const ForwardStep& step, const std::vector<at::Tensor>& args,
+                      const std::vector<at::Tensor>& results, const State& state) const;
+  void chain_implicit(const ImplicitStep& step, const ChunkArgs& chunk, const NewtonResult& solved,
+                      const std::vector<at::Tensor>& givens, const std::vector<at::Tensor>& params,
+                      const DenseLayout& layout, State& state) const;
+
   const Artifact& _artifact;
   std::vector<Step> _steps;
   std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks, _param_jacobian_blocks;

@@ -41,6 +41,12 @@ struct Session::Impl::Binder {
       throw FatalError(fmt::format("{} '{}' is on meta, a device that holds no data: pass a "
                                    "tensor with values, on cpu or an accelerator",
                                    what, name));
+    // Graphs and the row pass read raw memory: a lazy view is read as its values (a
+    // negated or conjugated view resolved, a zero tensor without memory made real).
+    if (t.is_neg() || t.is_conj())
+      t = t.resolve_conj().resolve_neg();
+    else if (t._is_zerotensor())
+      t = at::zeros(t.sizes(), t.options());
     if (on_input_device) {
       if (required_device && t.device() != *required_device)
         throw FatalError(fmt::format("{} '{}' is on {}, but this session runs on {}: move it "

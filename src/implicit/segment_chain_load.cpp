@@ -1,0 +1,300 @@
+// A SegmentChain made from metadata.json: each segment's graphs loaded and checked, the
+// substepping plan, the derivative blocks' positions; the solver settings' checks.
+
+#include <algorithm>
+#include <functional>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <neml2/errors.hpp>
+
+#include "graph/graph.hpp"
+#include "implicit/chain_state.hpp"
+#include "implicit/segment_chain.hpp"
+
+namespace neml2::detail {
+namespace {
+
+// The givens' substepping roles (metadata.json `role` and `pair`) as slices of the packed
+// groups. Roles are the compiler's: a force listed in incremental_variables already has
+// its `~1` partner and the cur_force / old_force roles.
+SubstepPlan substep_plan(const ImplicitSegment& seg, const std::filesystem::path& root) {
+  SubstepPlan plan;
+  plan.max_level = seg.max_substepping_level;
+  if (plan.max_level <= 0)
+    return plan;
+  if (plan.max_level > 30)
+    throw FatalError(fmt::format("{}/metadata.json: max_substepping_level = {} asks for 2^{} "
+                                 "substeps; at most 30 levels are supported: lower it on the "
+                                 "ImplicitUpdate and recompile",
+                                 root.string(), plan.max_level, plan.max_level));
+  const auto given = slices(seg.given_groups, seg.givens);
+  const auto unknown = slices(seg.unknown_groups, seg.unknowns);
+  const auto inconsistent = [&](const ImplicitVariable& v, const std::string& why) {
+    return FatalError(fmt::format("{}/metadata.json: given '{}' has substepping role '{}' with "
+                                  "pair '{}', but {}; the artifact is inconsistent: recompile it "
+                                  "with neml2-compile",
+                                  root.string(), v.name, v.role, v.pair, why));
+  };
+  for (const auto& v : seg.givens) {
+    if (v.role == "cur_force") {
+      const auto old = given.find(v.pair);
+      if (old == given.end() || old->second.size != given.at(v.name).size)
+        throw inconsistent(v, "the pair is not a given of the same size");
+      plan.ramps.push_back({given.at(v.name), old->second});
+    } else if (v.role == "old_state") {
+      const auto u = unknown.find(v.pair);
+      if (u == unknown.end() || u->second.size != given.at(v.name).size)
+        throw inconsistent(v, "the pair is not an unknown of the same size");
+      plan.chains.push_back({given.at(v.name), u->second});
+    } else if (v.role != "static" && v.role != "old_force" && v.role != "unknown")
+      throw FatalError(fmt::format("{}/metadata.json: given '{}' has substepping role '{}'; "
+                                   "known roles are static, old_state, cur_force and old_force "
+                                   "(recompile with neml2-compile 3.1)",
+                                   root.string(), v.name, v.role));
+  }
+  return plan;
+}
+
+// What a solve_ift graph returns, for an iterative input sensitivity (no such graph), off
+// the CPU's row pass: A and B assembled and solved. NEML2 runs GMRES to its rel_tol on
+// them; A is assembled anyway, so we solve it exactly (on purpose).
+GraphFn dense_ift(const ImplicitSegment& seg, std::size_t a_blocks) {
+  const auto units = seg.unknown_groups.size();
+  return [&seg, a_blocks, units](const std::vector<at::Tensor>& operators) {
+    const auto rows = operators.front().size(0);
+    const auto assemble = [&](std::size_t first, std::size_t count, std::size_t columns) {
+      std::vector<at::Tensor> block_rows;
+      for (std::size_t i = first; i < first + count; i += columns) {
+        std::vector<at::Tensor> row;
+        for (std::size_t j = i; j < i + columns; ++j)
+          row.push_back(operators[j].expand({rows, -1, -1}));
+        block_rows.push_back(at::cat(row, 2));
+      }
+      return at::cat(block_rows, 1);
+    };
+    const auto givens = (operators.size() - a_blocks) / (a_blocks / units);
+    const auto a = assemble(0, a_blocks, units);
+    const auto b = assemble(a_blocks, operators.size() - a_blocks, givens);
+    return ift_pairs(seg, -at::linalg_solve(a, b));
+  };
+}
+
+} // namespace
+
+std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& groups,
+                                         const std::vector<ImplicitVariable>& variables) {
+  std::map<std::string, std::int64_t> sizes;
+  for (const auto& v : variables)
+    sizes[v.name] = v.var_size;
+  std::map<std::string, GroupSlice> found;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    std::int64_t offset = 0;
+    for (const auto& n : groups[g].names) {
+      const auto size = sizes.count(n) ? sizes.at(n) : 1;
+      found[n] = {g, offset, size};
+      offset += size;
+    }
+  }
+  return found;
+}
+
+SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
+    : _artifact(artifact)
+    , _config(artifact.solver_config.value_or(SolverConfig{})) {
+  auto& param_index = _param_index;
+  std::map<std::string, std::size_t> input_index, output_index;
+  for (std::size_t p = 0; p < artifact.parameters.size(); ++p)
+    param_index[artifact.parameters[p].name] = p;
+  for (std::size_t i = 0; i < artifact.inputs.size(); ++i) {
+    input_index[artifact.inputs[i].name] = i;
+    _input_sizes.push_back(numel(artifact.inputs[i].sub_batch_shape) *
+                           numel(artifact.inputs[i].base_shape));
+  }
+  for (std::size_t o = 0; o < artifact.outputs.size(); ++o)
+    output_index[artifact.outputs[o].name] = o;
+
+  const auto params_of = [&](const std::vector<std::string>& names) {
+    std::vector<std::size_t> positions;
+    for (const auto& n : names) {
+      const auto it = param_index.find(n);
+      if (it == param_index.end())
+        throw FatalError(fmt::format("{}/metadata.json: a segment takes parameter '{}', which "
+                                     "is not declared under 'parameters'; recompile with "
+                                     "neml2-compile",
+                                     artifact.root.string(), n));
+      positions.push_back(it->second);
+    }
+    return positions;
+  };
+
+  for (const auto& segment : artifact.segments) {
+    if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
+      // Intermediate variables' shapes are not in metadata.json: counts only, shapes at
+      // the first call.
+      const std::vector<std::optional<Shape>> takes(f->inputs.size() + f->param_inputs.size());
+      _steps.emplace_back(ForwardStep{
+          f, load(f->package, "package", takes, f->outputs.size()),
+          load(f->jvp_package, "jvp_package", takes, f->outputs.size() + f->jacobian_pairs.size()),
+          load(f->param_jacobian_package, "param_jacobian_package", takes,
+               f->param_jacobian_pairs.size()),
+          params_of(f->param_inputs)});
+      _has_input_derivatives = _has_input_derivatives && !f->jvp_package.empty();
+      _has_param_derivatives = _has_param_derivatives && !f->jvp_package.empty() &&
+                               (f->param_inputs.empty() || !f->param_jacobian_package.empty());
+      continue;
+    }
+    const auto& s = std::get<ImplicitSegment>(segment);
+    ImplicitStep step;
+    step.segment = &s;
+    step.params = params_of(s.param_inputs);
+    // What each Newton graph takes: the groups packed (B, width), A's blocks (B, r, u)
+    // residual by unknown, B's (B, r, g), the parameters as stored (per row for dr_dparam).
+    const auto widths = [](const std::vector<VariableGroup>& groups,
+                           const std::vector<ImplicitVariable>& vars) {
+      std::vector<std::int64_t> w;
+      for (const auto& g : groups) {
+        std::int64_t width = 0;
+        for (const auto& n : g.names) {
+          const auto v = std::find_if(vars.begin(), vars.end(),
+                                      [&](const ImplicitVariable& x) { return x.name == n; });
+          width += v == vars.end() ? 1 : v->var_size;
+        }
+        w.push_back(width);
+      }
+      return w;
+    };
+    const auto u = widths(s.unknown_groups, s.unknowns), g = widths(s.given_groups, s.givens),
+               r = widths(s.residual_groups, s.residuals);
+    using Arguments = std::vector<std::optional<Shape>>;
+    const auto packed = [](Arguments& args, const std::vector<std::int64_t>& w) {
+      for (auto x : w)
+        args.emplace_back(Shape{-1, x});
+    };
+    const auto blocks = [&](Arguments& args, const std::vector<std::int64_t>& columns) {
+      for (auto rows : r)
+        for (auto x : columns)
+          args.emplace_back(Shape{-1, rows, x});
+    };
+    Arguments state, per_row_state, a_and_b, a_and_given, a_and_dparam;
+    packed(state, u);
+    packed(state, g);
+    per_row_state = state;
+    std::int64_t param_width = 0;
+    for (auto p : step.params) {
+      const auto& param = artifact.parameters[p];
+      state.emplace_back(param.shape);
+      auto per_row = param.base_shape;
+      per_row.insert(per_row.begin(), -1);
+      per_row_state.emplace_back(per_row);
+      param_width += numel(param.base_shape);
+    }
+    blocks(a_and_b, u);
+    a_and_given = a_and_dparam = a_and_b;
+    packed(a_and_b, r);
+    blocks(a_and_given, g);
+    for (auto rows : r)
+      a_and_dparam.emplace_back(Shape{-1, rows, param_width});
+    const auto a_blocks = r.size() * u.size();
+    step.newton.residual = load(s.residual_package, "residual_package", state, r.size());
+    step.newton.jacobian = load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size());
+    step.newton.solve = load(s.solve_package, "solve_package", a_and_b, u.size());
+    step.newton.a_blocks = step.a_blocks = a_blocks;
+    if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
+      auto with_v = state;
+      packed(with_v, u);
+      step.newton.matvec = load(s.matvec_package, "matvec_package", with_v, r.size());
+      step.newton.precond_setup =
+          load(s.precond_setup_package, "precond_setup_package", state, unchecked_results);
+      step.newton.precond_apply =
+          load(s.precond_apply_package, "precond_apply_package", Arguments{},
+               unchecked_results); // (state, r): its own checks
+      step.newton.a_blocks = 0;
+    }
+    step.given_blocks = r.size() * g.size();
+    step.substeps = substep_plan(s, artifact.root);
+    step.predictor = load(s.predictor_package, "predictor_package",
+                          Arguments(s.predictor_inputs.size()), s.predictor_outputs.size());
+    step.jacobian_given =
+        load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
+    step.solve_ift = s.iterative_input_sensitivity ? dense_ift(s, a_blocks)
+                                                   : load(s.solve_ift_package, "solve_ift_package",
+                                                          a_and_given, s.jacobian_pairs.size());
+    step.dr_dparam =
+        load(s.dr_dparam_package, "dr_dparam_package", per_row_state, a_blocks + r.size());
+    step.solve_param = load(s.solve_param_package, "solve_param_package", a_and_dparam,
+                            s.param_jacobian_pairs.size());
+    _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
+    _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
+                             (s.param_inputs.empty() || step.solve_param);
+    _steps.emplace_back(std::move(step));
+  }
+
+  // metadata.json's pairs of names -> (output, input or parameter) positions.
+  const auto positions = [&](const std::vector<std::pair<std::string, std::string>>& pairs,
+                             const std::map<std::string, std::size_t>& second, const char* key) {
+    std::vector<std::pair<std::size_t, std::size_t>> found;
+    for (const auto& [a, b] : pairs) {
+      const auto o = output_index.find(a);
+      const auto x = second.find(b);
+      if (o == output_index.end() || x == second.end())
+        throw FatalError(fmt::format("{}/metadata.json: {} pair [{}, {}] names something the "
+                                     "model does not declare; recompile with neml2-compile",
+                                     artifact.root.string(), key, a, b));
+      found.emplace_back(o->second, x->second);
+    }
+    return found;
+  };
+  _jacobian_blocks = positions(artifact.derivatives, input_index, "derivatives");
+  _param_jacobian_blocks =
+      positions(artifact.parameter_derivatives, param_index, "parameter_derivatives");
+  _has_param_derivatives = _has_param_derivatives && !_param_jacobian_blocks.empty();
+  for (const auto& [o, p] : _param_jacobian_blocks)
+    if (std::find(_param_vjp_params.begin(), _param_vjp_params.end(), p) == _param_vjp_params.end())
+      _param_vjp_params.push_back(p);
+  std::sort(_param_vjp_params.begin(), _param_vjp_params.end());
+}
+
+bool SegmentChain::solves_with_parameter(std::size_t p) const {
+  for (const auto& step : _steps)
+    if (const auto* s = std::get_if<ImplicitStep>(&step))
+      if (std::find(s->params.begin(), s->params.end(), p) != s->params.end())
+        return true;
+  return false;
+}
+
+void SegmentChain::set_solver_config(const SolverConfig& config) {
+  const auto fail = [](const std::string& field, const std::string& what) {
+    throw FatalError(fmt::format("set_solver_config: {} {}", field, what));
+  };
+  if (!(config.atol >= 0))
+    fail("atol", fmt::format("is {}; it must be >= 0", config.atol));
+  if (!(config.rtol >= 0))
+    fail("rtol", fmt::format("is {}; it must be >= 0", config.rtol));
+  if (config.miters < 1)
+    fail("miters", fmt::format("is {}; it must be >= 1 (miters = N allows N - 1 Newton updates)",
+                               config.miters));
+  if (config.ls_max_iters < 1)
+    fail("ls_max_iters",
+         fmt::format("is {}; it must be >= 1 (1 = no line search)", config.ls_max_iters));
+  if (config.ls_type != "BACKTRACKING" && config.ls_type != "STRONG_WOLFE")
+    fail("ls_type", fmt::format("is '{}'; it must be BACKTRACKING or STRONG_WOLFE (NEML2's "
+                                "linesearch_type)",
+                                config.ls_type));
+  if (!(config.substep_del_tol >= 0))
+    fail("substep_del_tol", fmt::format("is {}; it must be >= 0", config.substep_del_tol));
+  if (config.ls_max_iters > 1 && !(config.ls_cutback > 1))
+    fail("ls_cutback", fmt::format("is {}; it must be > 1", config.ls_cutback));
+  if (config.solver_kind != _config.solver_kind)
+    fail("solver_kind", fmt::format("is '{}'; this artifact's solve is '{}' (its graphs decide it)",
+                                    config.solver_kind, _config.solver_kind));
+  if (const auto why = check_krylov(config.krylov))
+    fail("krylov." + why->substr(0, why->find(' ')), why->substr(why->find(' ') + 1));
+  if (!(config.compact_below >= 0 && config.compact_below <= 1))
+    fail("compact_below", fmt::format("is {}; it must be within [0, 1]", config.compact_below));
+  _config = config;
+}
+
+} // namespace neml2::detail
