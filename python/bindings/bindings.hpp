@@ -134,9 +134,8 @@ void bind_tools(py::module_& m);
 bool is_python_policy(const py::object& policy);
 
 /// A model of `artifact` dispatched by a policy written in Python (python_policy.cpp).
-AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
-                                      const py::object& policy, c10::ScalarType dtype,
-                                      Interrupts pending);
+AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact, const Held& policy,
+                                      c10::ScalarType dtype, Interrupts pending);
 
 /// simulate() of a policy written in Python on `devices` (the GIL held throughout), as
 /// simulation_json's text.

@@ -21,6 +21,21 @@ at::Tensor to_tensor(py::handle value, const std::string& where) {
   return THPVariable_Unpack(value.ptr());
 }
 
+namespace {
+// A dict's str key as UTF-8; a FatalError for one UTF-8 cannot encode (a lone surrogate).
+std::string key_text(py::handle key, const char* what) {
+  Py_ssize_t size = 0;
+  const char* data = PyUnicode_AsUTF8AndSize(key.ptr(), &size);
+  if (!data) {
+    PyErr_Clear();
+    throw FatalError(std::string(what) + " has a key, " + py::repr(key).cast<std::string>() +
+                     ", that is not valid text (a lone surrogate UTF-8 cannot encode); keys "
+                     "are variable names");
+  }
+  return {data, static_cast<std::size_t>(size)};
+}
+} // namespace
+
 // A dict of tensors keyed by name, as the library's map: the same tensors, no copy.
 TensorMap to_map(py::handle value, const char* what) {
   TensorMap map;
@@ -33,7 +48,7 @@ TensorMap to_map(py::handle value, const char* what) {
     if (!PyUnicode_Check(key.ptr()))
       throw FatalError(std::string(what) + " has a key of type " + type_name(key) +
                        "; keys are variable names (str)");
-    auto name = key.cast<std::string>();
+    auto name = key_text(key, what);
     auto t = to_tensor(tensor, std::string(what) + "['" + name + "']");
     map.emplace(std::move(name), std::move(t));
   }
@@ -52,7 +67,7 @@ VariablePairJacobian to_blocks(py::handle value, const char* what) {
     if (!PyUnicode_Check(key.ptr()))
       throw FatalError(std::string(what) + " has a key of type " + type_name(key) +
                        "; keys are output names (str)");
-    const auto name = key.cast<std::string>();
+    const auto name = key_text(key, what);
     const auto where = std::string(what) + "['" + name + "']";
     blocks.emplace(name, to_map(inner, where.c_str()));
   }

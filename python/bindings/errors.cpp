@@ -142,6 +142,9 @@ void register_errors(py::module_& m) {
       raise(as_python_error(caught));
     } catch (const c10::Error&) {
       raise(as_python_error(caught));
+    } catch (const py::cast_error& e) { // a value pybind11 could not convert: ours too
+      raise(as_python_error(std::make_exception_ptr(FatalError(
+          std::string("neml2_dispatch: a value of a type it does not take: ") + e.what()))));
     }
   });
 }

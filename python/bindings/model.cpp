@@ -35,8 +35,8 @@ namespace {
 // A Python callable as a ChunkObserver: called with the GIL taken, from whichever thread
 // runs the chunk; released under the GIL too. A Python exception becomes a C++ one (its
 // message kept), which fails the chunk as any observer error does.
-ChunkObserver as_observer(py::object callable, Interrupts pending) {
-  return [held = hold(std::move(callable)), pending = std::move(pending)](const ChunkEvent& event) {
+ChunkObserver as_observer(Held callable, Interrupts pending) {
+  return [held = std::move(callable), pending = std::move(pending)](const ChunkEvent& event) {
     run_callback(
         "the observer", [&] { (*held)(event); }, pending.get());
   };
@@ -52,6 +52,27 @@ struct Model {
   py::object policy;               // a copy of a built-in policy; a Python policy itself
   Interrupts pending;              // what its callbacks raise that a call raises again
   mutable std::shared_mutex guard; // calls shared; configuration exclusive
+  // The Python objects the library holds for it (a Python policy, the observer), shown to
+  // the garbage collector, so that a cycle through them is collected. Changed only with
+  // the GIL held.
+  Held policy_held, observer_held;
+
+  // tp_traverse: each Python reference the model owns, once.
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(policy.ptr());
+    if (policy_held)
+      Py_VISIT(policy_held->ptr());
+    if (observer_held)
+      Py_VISIT(observer_held->ptr());
+    return 0;
+  }
+  // tp_clear: the references it can drop without touching the library (the callables'
+  // own references are then cleared by the collector, which breaks the cycle).
+  void clear() {
+    policy = py::none();
+    policy_held.reset();
+    observer_held.reset();
+  }
 
   // f() with the GIL released, beside any other call, after any configuration; a
   // KeyboardInterrupt (or other BaseException) a callback raised leaves unchanged.
@@ -126,10 +147,13 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
     return std::make_unique<Model>(
         std::move(model), py::cast(policy.cast<GreedyPriorityCapacity>()), std::move(pending));
   }
-  if (is_python_policy(policy)) // a policy written in Python (python_policy.cpp)
-    return std::make_unique<Model>(
-        load_python_policy(load_artifact(path, model_name), policy, dtype, pending), policy,
-        pending);
+  if (is_python_policy(policy)) { // a policy written in Python (python_policy.cpp)
+    auto held = hold(policy);
+    auto model = std::make_unique<Model>(
+        load_python_policy(load_artifact(path, model_name), held, dtype, pending), policy, pending);
+    model->policy_held = std::move(held);
+    return model;
+  }
   throw FatalError("load_model(): policy is a " + type_name(policy) +
                    "; give a neml2_dispatch.SyncChunking or GreedyPriorityCapacity (or "
                    "tuned_policy(...) of one), or a policy written in Python (an object "
@@ -179,7 +203,24 @@ void bind_model(py::module_& m) {
   py::class_<Model>(m, "Model",
                     "A compiled model dispatched by a policy (load_model). Tensors go in and "
                     "come out as dicts keyed by name, never copied; the GIL is released "
-                    "for the whole of every call.")
+                    "for the whole of every call.",
+                    // The garbage collector sees the callables a model holds: a model whose
+                    // observer or policy refers to the model is collected.
+                    py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+                      auto* type = &heap_type->ht_type;
+                      type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+                      type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
+                        Py_VISIT(Py_TYPE(self));
+                        if (!py::detail::is_holder_constructed(self))
+                          return 0;
+                        return py::cast<const Model&>(py::handle(self)).traverse(visit, arg);
+                      };
+                      type->tp_clear = [](PyObject* self) {
+                        if (py::detail::is_holder_constructed(self))
+                          py::cast<Model&>(py::handle(self)).clear();
+                        return 0;
+                      };
+                    }))
       .def(
           "forward",
           [](const Model& self, py::object inputs) {
@@ -285,9 +326,10 @@ void bind_model(py::module_& m) {
             if (!observer.is_none() && !PyCallable_Check(observer.ptr()))
               throw FatalError("set_observer(): observer is a " + type_name(observer) +
                                "; give a callable that takes a ChunkEvent, or None");
-            auto fn = observer.is_none() ? ChunkObserver{}
-                                         : as_observer(std::move(observer), self.pending);
+            auto held = observer.is_none() ? Held{} : hold(std::move(observer));
+            auto fn = held ? as_observer(held, self.pending) : ChunkObserver{};
             self.configure([&] { self.model.set_observer(std::move(fn)); });
+            self.observer_held = std::move(held);
           },
           "observer"_a,
           "Calls observer(ChunkEvent) once per chunk, from the thread that ran it (the GIL "

@@ -168,8 +168,9 @@ bool is_python_policy(const py::object& policy) {
 namespace {
 
 // The C++ policy that holds `policy` and calls it, after checking what its mode needs.
-std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::object& policy,
+std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const Held& held,
                                                                      Interrupts pending = {}) {
+  const auto& policy = *held;
   const auto mode = py::str(policy.attr("dispatch_mode")).cast<std::string>();
   if (mode != "synchronous" && mode != "asynchronous")
     throw FatalError("a Python policy's dispatch_mode is '" + mode +
@@ -180,18 +181,17 @@ std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const py::o
   auto devices = devices_of(policy);
   if (mode == "synchronous") {
     require(policy, "synchronous", {"compute_device", "chunk_rows"});
-    return PythonSynchronousPolicy{hold(policy), std::move(devices), std::move(pending)};
+    return PythonSynchronousPolicy{held, std::move(devices), std::move(pending)};
   }
   require(policy, "asynchronous", {"next_chunk", "on_dispatched", "on_completed"});
-  return PythonAsynchronousPolicy{hold(policy), std::move(devices),
-                                  py::hasattr(policy, "chunks_in_flight"), std::move(pending)};
+  return PythonAsynchronousPolicy{held, std::move(devices), py::hasattr(policy, "chunks_in_flight"),
+                                  std::move(pending)};
 }
 
 } // namespace
 
-AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact,
-                                      const py::object& policy, c10::ScalarType dtype,
-                                      Interrupts pending) {
+AnyDispatchedModel load_python_policy(std::shared_ptr<const Artifact> artifact, const Held& policy,
+                                      c10::ScalarType dtype, Interrupts pending) {
   return std::visit(
       [&](auto p) {
         py::gil_scoped_release nogil;
@@ -209,7 +209,7 @@ std::string simulate_python_policy(const py::object& policy,
         return simulation_json(simulate(p, devices, batch, calls),
                                device_strings(listed_devices(p)));
       },
-      wrap(policy));
+      wrap(hold(policy)));
 }
 
 } // namespace neml2::python

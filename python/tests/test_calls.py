@@ -323,3 +323,38 @@ def test_convergence_is_per_row_as_in_eager_neml2():
     for r in range(len(a)):
         row = {n: v[r:r + 1] for n, v in inputs.items()}
         check_close(x[r:r + 1], raw(ref.call_by_name(row)["x"]), f"row {r}", rtol=1e-10)
+
+
+def test_a_model_in_a_cycle_with_its_observer_or_policy_is_collected(elasticity):
+    import gc
+    import weakref
+
+    class Rows:
+        """A synchronous Python policy that refers to its model."""
+        dispatch_mode = "synchronous"
+        devices = ["cpu"]
+        model = None
+
+        def compute_device(self):
+            return "cpu"
+
+        def chunk_rows(self, batch):
+            return 4
+
+    strain = {"strain": torch.rand(9, 6)}
+    # The observer refers to the model.
+    model = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=4))
+    seen = []
+    model.set_observer(lambda event: seen.append(model.input_names))
+    model.forward(strain)
+    assert len(seen) == 3
+    observed = weakref.ref(model)
+    # The policy refers to the model.
+    policy = Rows()
+    policy.model = nd.load_model(elasticity, "elasticity", policy)
+    policy.model.forward(strain)
+    held = weakref.ref(policy.model)
+    del model, policy
+    gc.collect()
+    assert observed() is None, "a model whose observer refers to it was not collected"
+    assert held() is None, "a model whose policy refers to it was not collected"

@@ -240,3 +240,10 @@ def test_set_observer_refuses_what_it_cannot_call(elasticity):
     fatal(lambda: model.set_observer(5),
           r"set_observer\(\): observer is a int; give a callable that takes a ChunkEvent, or None")
     model.forward({"strain": torch.rand(3, 6)})  # nothing was set
+
+
+def test_a_key_that_is_not_valid_text_is_the_modules_error(elasticity):
+    model = nd.load_model(elasticity)
+    fatal(lambda: model.forward({"\udc80": torch.rand(2, 6)}),
+          r"has a key, '\\udc80', that is not valid text")
+    model.forward({"strain": torch.rand(2, 6)})

@@ -36,7 +36,7 @@ constexpr std::size_t max_depth = 64;
 // [Settings]) in at most 640 bytes: margins of 80, 1,000 and 1,600.
 constexpr std::size_t max_sections = 1024;
 constexpr std::size_t max_assignments = 10000;
-constexpr std::string_view regenerate = "regenerate it with neml2-compile";
+constexpr std::string_view regenerate_stub = "regenerate it with neml2-compile";
 
 // nmhit's field names: a quote opens a string only after one of them and '=' (or ':=').
 bool field_name_char(char c) {
@@ -83,19 +83,20 @@ void check_counts(std::string_view text, const fs::path& stub) {
     throw FatalError(fmt::format("{}: {} section headers (counted as '[' anywhere in the text), "
                                  "more than the {} read at most; a stub written by neml2-compile "
                                  "has fewer than 20: {}",
-                                 stub.string(), sections, max_sections, regenerate));
+                                 stub.string(), sections, max_sections, regenerate_stub));
   if (const auto n = static_cast<std::size_t>(std::count(text.begin(), text.end(), '='));
       n > max_assignments)
     throw FatalError(fmt::format("{}: {} fields (counted as '=' anywhere in the text), more than "
                                  "the {} read at most; a stub written by neml2-compile has fewer "
                                  "than 20: {}",
-                                 stub.string(), n, max_assignments, regenerate));
+                                 stub.string(), n, max_assignments, regenerate_stub));
 }
 
 // The nesting of [name] ... [] and the `!include`s outside quoted text and comments,
 // checked before nmhit sees the text.
 void check_structure(std::string_view text, const fs::path& stub) {
-  detail::check_size(text.size(), detail::max_stub_bytes, "the stub", stub.string(), regenerate);
+  detail::check_size(text.size(), detail::max_stub_bytes, "the stub", stub.string(),
+                     regenerate_stub);
   std::size_t depth = 0;
   int line = 1;
   const auto skip_to = [&](std::size_t from, std::size_t to) {
@@ -279,7 +280,7 @@ fs::path artifact_root_from_stub(std::string_view text, const fs::path& stub,
 namespace {
 std::string read_stub(const fs::path& stub) {
   return detail::read_text(stub, "the stub (the <name>_aoti.i file that neml2-compile writes)",
-                           detail::max_stub_bytes, regenerate);
+                           detail::max_stub_bytes, regenerate_stub);
 }
 
 fs::path resolve(const fs::path& path, const std::optional<std::string>& model) {

@@ -41,12 +41,12 @@ std::size_t& class_of_block(void* data) {
 }
 
 // Every block made and not yet freed, by data address: how the raw deleter knows one.
-struct Blocks {
+struct LiveBlocks {
   std::shared_mutex mutex;
   std::unordered_set<void*> data;
 };
-Blocks& blocks() {
-  static auto* made = new Blocks; // never destroyed: tensors may die after main()
+LiveBlocks& blocks() {
+  static auto* made = new LiveBlocks; // never destroyed: tensors may die after main()
   return *made;
 }
 
