@@ -107,7 +107,42 @@ struct Prepared {
   PreparedCall call;
   py::object owner; // the Python Model
   const Model* model;
+
+  // The model, unless the collector cleared this call (only a finalizer could still reach
+  // it then).
+  const Model& live() const {
+    if (owner.is_none())
+      throw FatalError("this prepared call's model was collected; prepare the call again");
+    return *model;
+  }
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(owner.ptr());
+    return 0;
+  }
+  void clear() { owner = py::none(); } // PreparedCall's destructor never reads the model
 };
+
+// A class whose objects take part in garbage collection: the collector asks T::traverse
+// for the Python objects one holds and T::clear to drop them (a cycle through them is
+// collected).
+template <class T>
+py::custom_type_setup collected() {
+  return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
+    auto* type = &heap_type->ht_type;
+    type->tp_flags |= Py_TPFLAGS_HAVE_GC;
+    type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
+      Py_VISIT(Py_TYPE(self));
+      if (!py::detail::is_holder_constructed(self))
+        return 0;
+      return py::cast<const T&>(py::handle(self)).traverse(visit, arg);
+    };
+    type->tp_clear = [](PyObject* self) {
+      if (py::detail::is_holder_constructed(self))
+        py::cast<T&>(py::handle(self)).clear();
+      return 0;
+    };
+  });
+}
 
 template <class Policy>
 bool holds(py::handle policy) {
@@ -180,12 +215,13 @@ void bind_model(py::module_& m) {
 
   py::class_<Prepared>(m, "PreparedCall",
                        "A call bound once to input names (Model.prepare): tensors in "
-                       "`input_names` order, outputs in the model's `output_names` order.")
+                       "`input_names` order, outputs in the model's `output_names` order.",
+                       collected<Prepared>())
       .def(
           "forward",
           [](const Prepared& p, py::object inputs) {
             const auto in = to_list(inputs, "inputs");
-            return to_py_list(p.model->call([&] { return p.call.forward(in); }));
+            return to_py_list(p.live().call([&] { return p.call.forward(in); }));
           },
           "inputs"_a, "The outputs, in the model's output_names order.")
       .def(
@@ -193,7 +229,7 @@ void bind_model(py::module_& m) {
           [](const Prepared& p, py::object inputs, py::object outputs) {
             const auto in = to_list(inputs, "inputs");
             const auto out = to_list(outputs, "outputs");
-            p.model->call([&] { p.call.forward_into(in, out); });
+            p.live().call([&] { p.call.forward_into(in, out); });
           },
           "inputs"_a, "outputs"_a, "Into the caller's tensors, one per output in order.")
       .def_property_readonly(
@@ -204,23 +240,8 @@ void bind_model(py::module_& m) {
                     "A compiled model dispatched by a policy (load_model). Tensors go in and "
                     "come out as dicts keyed by name, never copied; the GIL is released "
                     "for the whole of every call.",
-                    // The garbage collector sees the callables a model holds: a model whose
-                    // observer or policy refers to the model is collected.
-                    py::custom_type_setup([](PyHeapTypeObject* heap_type) {
-                      auto* type = &heap_type->ht_type;
-                      type->tp_flags |= Py_TPFLAGS_HAVE_GC;
-                      type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
-                        Py_VISIT(Py_TYPE(self));
-                        if (!py::detail::is_holder_constructed(self))
-                          return 0;
-                        return py::cast<const Model&>(py::handle(self)).traverse(visit, arg);
-                      };
-                      type->tp_clear = [](PyObject* self) {
-                        if (py::detail::is_holder_constructed(self))
-                          py::cast<Model&>(py::handle(self)).clear();
-                        return 0;
-                      };
-                    }))
+                    // A model whose observer or policy refers to the model is collected.
+                    collected<Model>())
       .def(
           "forward",
           [](const Model& self, py::object inputs) {

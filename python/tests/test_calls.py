@@ -354,7 +354,15 @@ def test_a_model_in_a_cycle_with_its_observer_or_policy_is_collected(elasticity)
     policy.model = nd.load_model(elasticity, "elasticity", policy)
     policy.model.forward(strain)
     held = weakref.ref(policy.model)
-    del model, policy
+    # A prepared call of the model in its observer's closure: model -> observer -> prepared
+    # call -> model.
+    third = nd.load_model(elasticity, "elasticity", nd.SyncChunking(batch_size=4))
+    step = third.prepare(["strain"])
+    third.set_observer(lambda event: step.input_names)
+    third.forward(strain)
+    prepared = weakref.ref(third)
+    del model, policy, third, step
     gc.collect()
     assert observed() is None, "a model whose observer refers to it was not collected"
     assert held() is None, "a model whose policy refers to it was not collected"
+    assert prepared() is None, "a model in a cycle through a prepared call was not collected"
