@@ -630,6 +630,21 @@ TEST_CASE("memory shared through separate storages (tensors made from one pointe
                  }),
                  "tangent of output 'stress' and output 'stress' share memory"));
   CHECK(std::all_of(pair.begin(), pair.end(), [](double x) { return x == 7.0; })); // untouched
+  // A dense destination in the gaps of a strided one (rows 1000 values apart): they never
+  // meet, though their spans do.
+  std::vector<double> sparse(33 * 1000, 7.0);
+  m.jvp_into({{"strain", strain}}, {{"strain", tangent}},
+             {{"stress", over(sparse.data(), {33, 6}, {1000, 1})}},
+             {{"stress", over(sparse.data() + 6, {33, 6}, {6, 1})}});
+  CHECK(test::identical(over(sparse.data(), {33, 6}, {1000, 1}), out.at("stress")));
+  CHECK(test::identical(over(sparse.data() + 6, {33, 6}, {6, 1}), dout.at("stress")));
+  // ... and one that does meet a row of the strided one: refused.
+  CHECK(contains(test::fatal_message([&] {
+                   m.jvp_into({{"strain", strain}}, {{"strain", tangent}},
+                              {{"stress", over(sparse.data(), {33, 6}, {1000, 1})}},
+                              {{"stress", over(sparse.data() + 995, {33, 6}, {6, 1})}});
+                 }),
+                 "share memory"));
   // Rows of one buffer, every other one each: they never meet.
   std::vector<double> rows(66 * 6, 7.0);
   m.jvp_into({{"strain", strain}}, {{"strain", tangent}},

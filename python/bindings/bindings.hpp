@@ -50,10 +50,6 @@ inline Held hold(py::object object) {
           }};
 }
 
-/// Runs `f` (Python code the library calls back) with the GIL taken and the thread marked
-/// as in a callback; a Python exception becomes a FatalError "<who> raised <message>", but
-/// for a BaseException that is no Exception (KeyboardInterrupt, SystemExit), which goes on
-/// as it is.
 /// A BaseException that is not an Exception (KeyboardInterrupt, SystemExit, GeneratorExit)
 /// raised by a callback during a model's call: kept while the library fails and cleans up
 /// the call as it does for any callback error, then raised unchanged by the call itself
@@ -70,9 +66,10 @@ private:
 };
 using Interrupts = std::shared_ptr<PendingInterrupt>;
 
-/// f() with the GIL taken, as a callback: a Python Exception becomes a FatalError naming
-/// `who`; any other BaseException is kept in `pending` (a FatalError fails the call, the
-/// call raises it) or, without one, leaves as it is.
+/// Runs `f` (Python code the library calls back) with the GIL taken and the thread marked
+/// as in a callback of `pending`'s model: a Python Exception becomes a FatalError "<who>
+/// raised <message>"; any other BaseException is kept in `pending` (a FatalError fails the
+/// call, the call raises it) or, without one, leaves as it is.
 template <class F>
 auto run_callback(const std::string& who, F&& f, PendingInterrupt* pending = nullptr) {
   py::gil_scoped_acquire gil;

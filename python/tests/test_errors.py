@@ -246,4 +246,6 @@ def test_a_key_that_is_not_valid_text_is_the_modules_error(elasticity):
     model = nd.load_model(elasticity)
     fatal(lambda: model.forward({"\udc80": torch.rand(2, 6)}),
           r"has a key, '\\udc80', that is not valid text")
+    # Any value pybind11 cannot convert is the module's error too (a name that is no text).
+    fatal(lambda: nd.load_model(elasticity, "\udc80"), r"a value of a type it does not take")
     model.forward({"strain": torch.rand(2, 6)})

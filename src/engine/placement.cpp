@@ -90,10 +90,11 @@ bool share_memory(const at::Tensor& a, const at::Tensor& b) {
   const auto [b_begin, b_end] = span(b);
   if (a_end <= b_begin || b_end <= a_begin)
     return false;
-  // A dense tensor holds every byte of its span.
-  if (a.is_non_overlapping_and_dense() || b.is_non_overlapping_and_dense())
+  // Two dense tensors hold every byte of their spans. (One dense tensor may sit in the gaps
+  // of a strided one: element by element then.)
+  if (a.is_non_overlapping_and_dense() && b.is_non_overlapping_and_dense())
     return true;
-  // Strided views whose spans interleave: element by element. The last element of `b`
+  // Spans that meet, a strided view among them: element by element. The last element of `b`
   // that starts before one of `a` ends meets it if it ends after that one starts (the
   // elements of `b` all have one size).
   const auto base = std::min(a_begin, b_begin);
