@@ -9,6 +9,7 @@
 
 #include "implicit/chain_state.hpp"
 #include "implicit/newton_rows.hpp"
+#include "implicit/row_system.hpp"
 #include "implicit/row_ranges.hpp"
 #include "implicit/segment_chain.hpp"
 

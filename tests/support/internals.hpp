@@ -1,14 +1,15 @@
 #pragma once
 
 // The library's private parts that tests reach into (src/ is on the tests' include path):
-// the Newton loop (and its row pass's kernels) and GMRES over graphs written in a test, one
-// graph, the call protocol, the result memory, and the worker pool's thread count.
+// the Newton loop (and its row pass's systems and kernels) and GMRES over graphs written in
+// a test, one graph, the call protocol, the result memory, and the worker pool's threads.
 
 #include "engine/async/worker_pool.hpp"
 #include "graph/graph.hpp"
 #include "implicit/newton.hpp"
 #include "implicit/newton_rows.hpp"
 #include "implicit/row_lu.hpp"
+#include "implicit/row_system.hpp"
 #include "implicit/substepping.hpp"
 #include "session/call_protocol.hpp"
 #include "session/result_memory.hpp"
