@@ -1,6 +1,7 @@
 // Result memory kept across calls (neml2/memory.hpp): the allocating calls reuse the
 // blocks earlier results gave back, never one a caller still holds, within a byte limit.
 
+#include <atomic>
 #include <barrier>
 #include <set>
 #include <thread>
@@ -209,4 +210,22 @@ TEST_CASE("the limit bounds what is kept; release_result_memory() frees it all")
   set_result_memory_limit(block - 1);
   (void)m.forward(strains(batch, 1e-3));
   CHECK(result_memory_kept() == 0);
+}
+
+TEST_CASE("release_result_memory() keeps a limit another thread sets meanwhile") {
+  const LimitGuard guard;
+  std::atomic<bool> done{false};
+  std::thread releaser([&] {
+    while (!done.load())
+      release_result_memory();
+  });
+  int lost = 0;
+  for (std::size_t limit = 1; limit <= 20000; ++limit) {
+    set_result_memory_limit(limit << 10);
+    lost += result_memory_limit() != limit << 10 ? 1 : 0;
+  }
+  done = true;
+  releaser.join();
+  CHECK(lost == 0);
+  CHECK(result_memory_limit() == std::size_t{20000} << 10);
 }

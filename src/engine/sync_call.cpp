@@ -55,9 +55,12 @@ void SyncCall::run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, s
   const auto start = s.core.observer ? steady_clock::now() : steady_clock::time_point{};
   take_rows(s.call, first, rows, s.core.compute[d], s.chunk);
   detail::run_chunk(s.core, s.op, s.chunk, results, d, first, index);
-  finished_on(s.core, d);
-  if (s.core.observer)
+  // Only the observer waits for an accelerator: without one, the next chunk is queued
+  // while this one runs (results gathered on the CPU wait in their copy anyway).
+  if (s.core.observer) {
+    finished_on(s.core, d);
     s.core.observer(s.core.event(index, d, first, rows, seconds_since(start)));
+  }
 }
 
 std::vector<at::Tensor> SyncCall::finish() {

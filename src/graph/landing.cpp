@@ -5,6 +5,7 @@
 #include "graph/landing.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <new>
 
@@ -24,6 +25,25 @@ thread_local std::size_t landed = 0;
 struct HandedOut {
   std::mutex mutex;
   std::vector<void*> data;
+  std::atomic<std::size_t> count{0}; // data's size, read without the lock
+
+  // Whether `p` was handed out; if so it is let go.
+  bool let_go(void* p) {
+    if (count.load(std::memory_order_acquire) == 0) // a free long after any landing: no lock
+      return false;
+    std::lock_guard lock(mutex);
+    const auto it = std::find(data.rbegin(), data.rend(), p);
+    if (it == data.rend())
+      return false;
+    data.erase(std::next(it).base());
+    count.store(data.size(), std::memory_order_release);
+    return true;
+  }
+  void hand_out(void* p) {
+    std::lock_guard lock(mutex);
+    data.push_back(p);
+    count.store(data.size(), std::memory_order_release);
+  }
 };
 HandedOut& handed_out() {
   static auto* kept = new HandedOut; // never destroyed: tensors may die after main()
@@ -36,14 +56,8 @@ c10::Allocator* beneath = nullptr; // the allocator the landing wraps
 // else goes to the allocator beneath (the raw interface of c10::Allocator frees through
 // raw_deleter() what raw_allocate() gave, landed or not).
 void landing_delete(void* data) {
-  {
-    auto& h = handed_out();
-    std::lock_guard lock(h.mutex);
-    if (const auto it = std::find(h.data.rbegin(), h.data.rend(), data); it != h.data.rend()) {
-      h.data.erase(std::next(it).base());
-      return;
-    }
-  }
+  if (handed_out().let_go(data))
+    return;
   if (!Recycling::release(data))
     beneath->raw_deleter()(data);
 }
@@ -57,11 +71,7 @@ public:
   c10::DataPtr allocate(std::size_t bytes) override {
     if (auto* landing = current_landing; landing && bytes > 0)
       if (void* target = landing->claim(bytes)) {
-        {
-          auto& h = handed_out();
-          std::lock_guard lock(h.mutex);
-          h.data.push_back(target);
-        }
+        handed_out().hand_out(target);
         return {target, target, &landing_delete, c10::Device(c10::kCPU)};
       }
     if (Recycling::serves(bytes))

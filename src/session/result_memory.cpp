@@ -57,6 +57,15 @@ public:
     }
     free_all(freed);
   }
+  // Frees every kept block; the limit stays.
+  void release() {
+    std::vector<Block*> freed;
+    {
+      std::lock_guard lock(_mutex);
+      evict_to(0, freed);
+    }
+    free_all(freed);
+  }
   [[nodiscard]] std::size_t limit() const noexcept { return _limit.load(); }
   [[nodiscard]] std::size_t kept() const noexcept { return _kept.load(); }
 
@@ -135,10 +144,7 @@ std::size_t result_memory_kept() noexcept {
 }
 
 void release_result_memory() {
-  auto& pool = detail::ResultPool::instance();
-  const auto limit = pool.limit();
-  pool.set_limit(0);
-  pool.set_limit(limit);
+  detail::ResultPool::instance().release();
 }
 
 } // namespace neml2
