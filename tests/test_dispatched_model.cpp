@@ -46,6 +46,21 @@ struct Lanes {
   void on_completed(std::size_t, std::int64_t, double, state_type& s) const { ++s.completed; }
 };
 
+// Every chunk on the second CPU lane, a worker's: the calling thread only waits.
+struct WorkerLane {
+  using dispatch_mode = asynchronous;
+  struct state_type {};
+  std::vector<Device> devices = {"cpu", "cpu"};
+  std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
+                                        std::int64_t remaining, state_type&) const {
+    if (rows_in_flight[1] > 0)
+      return std::nullopt;
+    return ChunkChoice{1, std::min<std::int64_t>(remaining, 3)};
+  }
+  void on_dispatched(std::size_t, std::int64_t, state_type&) const {}
+  void on_completed(std::size_t, std::int64_t, double, state_type&) const {}
+};
+
 // What Lanes assigns, chunk by chunk, for a batch.
 std::vector<ChunkEvent> lanes_plan(std::int64_t batch) {
   std::vector<ChunkEvent> plan;
@@ -100,6 +115,52 @@ std::exception_ptr thrown(F&& f) {
   return nullptr;
 }
 
+
+// A call stopped by its interrupt check (thrown at its second question), a foreign throw,
+// a check that lets the call go on, a call of one chunk, then the model unchanged: for a
+// model that runs "rates" in chunks of 3 rows.
+template <class Model>
+void check_interrupts(Model& m, const test::Reference& ref) {
+  const auto in = ref.group("b33/in");
+  const auto expected = m.forward(in);
+  std::vector<std::size_t> started;
+  int asked = 0;
+  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) { started.push_back(e.index); });
+  m.set_interrupt_check([&] {
+    if (++asked == 2)
+      throw FatalError("interrupted by the host");
+  });
+  CHECK(contains(test::fatal_message([&] { return m.forward(in); }), "interrupted by the host"));
+  CHECK(asked == 2); // before chunks 1 and 2
+  CHECK(started == std::vector<std::size_t>{0, 1});
+
+  // Into the caller's tensors: the rows of chunks 0 and 1 written, the others as they were.
+  TensorMap out;
+  for (const auto& [name, t] : expected)
+    out[name] = at::full_like(t, std::numeric_limits<double>::quiet_NaN());
+  asked = 0;
+  CHECK(contains(test::fatal_message([&] { m.forward_into(in, out); }), "interrupted by the host"));
+  for (const auto& [name, t] : out) {
+    CHECK(at::equal(t.narrow(0, 0, 6), expected.at(name).narrow(0, 0, 6)));
+    CHECK(t.narrow(0, 6, t.size(0) - 6).isnan().all().template item<bool>());
+  }
+
+  m.set_interrupt_check([] { throw std::runtime_error("deadline passed"); });
+  CHECK(contains(test::fatal_message([&] { return m.forward(in); }),
+                 "the interrupt check: deadline passed"));
+
+  asked = 0;
+  m.set_interrupt_check([&] { ++asked; });
+  CHECK(test::identical(m.forward(in), expected));
+  CHECK(asked == 10); // 11 chunks
+  asked = 0;
+  (void)m.forward(ref.group("b2/in"));
+  CHECK(asked == 0); // one chunk: never asked
+
+  m.set_interrupt_check({});
+  neml2::detail::ModelAccess::before_chunk(m, {});
+  test::check_all_batches(m, ref, true, false);
+}
 } // namespace
 
 static_assert(AsynchronousPolicy<Lanes>);
@@ -652,4 +713,68 @@ TEST_CASE("callbacks that call back: a synchronous model's observer may call its
   pool.set_observer({});
   test::check_close(pool.forward(in), expected, "after");
   test::check_close(other.forward(in), expected, "the other model");
+}
+
+TEST_CASE("an interrupt check stops a call between chunks, under either kind of policy") {
+  const test::Reference ref("rates");
+  SUBCASE("SyncChunking") {
+    auto m = load("rates", "eq", SyncChunking{.batch_size = 3});
+    check_interrupts(m, ref);
+  }
+  SUBCASE("GreedyPriorityCapacity") {
+    auto m = load("rates", "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}});
+    check_interrupts(m, ref);
+  }
+}
+
+TEST_CASE("an interrupt check stops a whole-batch call between its cache-sized pieces") {
+  auto m = load("elasticity", "elasticity", SyncChunking{});
+  const std::int64_t batch = 300000;
+  const TensorMap in{{"strain", at::rand({batch, 6}, at::kDouble) * 1e-3}};
+  const auto expected = m.forward(in).at("stress");
+  int asked = 0;
+  m.set_interrupt_check([&] {
+    ++asked;
+    throw FatalError("interrupted by the host");
+  });
+  auto out = at::full_like(expected, std::numeric_limits<double>::quiet_NaN());
+  CHECK(contains(test::fatal_message([&] { m.forward_into(in, {{"stress", out}}); }),
+                 "interrupted by the host"));
+  CHECK(asked == 1); // before the second piece
+  const auto written = out.isnan().any(1).logical_not().sum().item<std::int64_t>();
+  CHECK(written > 0);
+  CHECK(written < batch);
+  CHECK(at::equal(out.narrow(0, 0, written), expected.narrow(0, 0, written)));
+  m.set_interrupt_check({});
+  m.forward_into(in, {{"stress", out}});
+  CHECK(at::equal(out, expected));
+}
+
+TEST_CASE("an asynchronous call waiting for its chunks asks its interrupt check meanwhile") {
+  const test::Reference ref("rates");
+  auto m = load<WorkerLane>("rates", "eq");
+  std::atomic<int> asked{0};
+  std::atomic<bool> stopped{false};
+  std::vector<std::size_t> started; // by the worker; read once the call returned
+  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) {
+    started.push_back(e.index);
+    // Chunk 1 runs only once the check stopped the call (bounded, should it never).
+    for (int i = 0; e.index == 1 && !stopped && i < 10000; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  });
+  m.set_interrupt_check([&] {
+    if (++asked == 2) {
+      stopped = true;
+      throw FatalError("interrupted by the host");
+    }
+  });
+  CHECK(contains(test::fatal_message([&] { return m.forward(ref.group("b33/in")); }),
+                 "interrupted by the host"));
+  CHECK(stopped.load());
+  CHECK(asked.load() == 2); // not asked again once stopped
+  CHECK(started.size() >= 2);
+  CHECK(started.size() < 11); // 11 chunks uninterrupted
+  m.set_interrupt_check({});
+  neml2::detail::ModelAccess::before_chunk(m, {});
+  test::check_all_batches(m, ref, true, false);
 }

@@ -125,6 +125,14 @@ public:
   /// while no call is running.
   void set_observer(ChunkObserver observer);
 
+  /// Asks `check` between chunks whether a call goes on (see InterruptCheck); an empty one
+  /// turns it off. A check that throws stops the call: no chunk starts after it, the
+  /// chunks already running finish, and the call throws what the check threw (anything
+  /// outside the library's family as a FatalError). The rows of an `_into` call's
+  /// destinations that no chunk reached keep what they held. Set it while no call is
+  /// running.
+  void set_interrupt_check(InterruptCheck check);
+
   /// @name Promoted parameters: one master map, used by every device's chunks.
   ///@{
   /// The master parameters by public name; an in-place change is seen by the next call.

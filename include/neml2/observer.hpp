@@ -2,7 +2,8 @@
 
 /// @file observer.hpp
 /// @brief What a chunk observer sees: where each chunk of a call ran and how long it took.
-/// Tests use it to prove a policy is obeyed; users use it to profile.
+/// Tests use it to prove a policy is obeyed; users use it to profile. And the check that
+/// may stop a long call between its chunks.
 /// @code
 /// model.set_observer([](const neml2::ChunkEvent & c) {
 ///   std::printf("chunk %zu: rows [%lld, +%lld) on %s, %.3f ms\n", c.index, c.first, c.rows,
@@ -35,5 +36,12 @@ struct ChunkEvent {
 /// the calling thread (so concurrently when several threads call one model: guard what the
 /// observer writes); it may call any model, its own included.
 using ChunkObserver = std::function<void(const ChunkEvent&)>;
+
+/// Asked between a call's chunks whether the call goes on: it returns to go on and throws
+/// to stop the call (a host's Ctrl-C, a deadline, a rank that gave up). Always on the
+/// calling thread: before each chunk after the first that thread runs and, while an
+/// asynchronous policy's call waits for chunks on other devices, every 20 ms. A call of one
+/// chunk never asks. See AnyDispatchedModel::set_interrupt_check.
+using InterruptCheck = std::function<void()>;
 
 } // namespace neml2

@@ -66,6 +66,13 @@ private:
 };
 using Interrupts = std::shared_ptr<PendingInterrupt>;
 
+/// Records which thread is Python's main thread (at import; signals.cpp).
+void init_signal_watch();
+/// A model's interrupt check: between chunks, once a SIGINT came, Python's signal handlers
+/// run (the GIL taken, on the main thread only); what they raise is kept in `pending` and
+/// stops the call, which raises it unchanged (signals.cpp).
+InterruptCheck python_interrupt_check(Interrupts pending);
+
 /// Runs `f` (Python code the library calls back) with the GIL taken and the thread marked
 /// as in a callback of `pending`'s model: a Python Exception becomes a FatalError "<who>
 /// raised <message>"; any other BaseException is kept in `pending` (a FatalError fails the

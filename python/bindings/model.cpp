@@ -162,30 +162,33 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
   if (policy.is_none())
     policy = py::cast(SyncChunking{});
   auto pending = std::make_shared<PendingInterrupt>();
+  const auto artifact = [&] { return load_artifact(path, model_name); };
+  // Loaded with the GIL released; Ctrl-C stops its calls between chunks (signals.cpp).
+  const auto made = [&](auto&& make, py::object kept) {
+    auto model = std::make_unique<Model>(
+        [&] {
+          py::gil_scoped_release nogil;
+          return AnyDispatchedModel(make());
+        }(),
+        std::move(kept), pending);
+    model->model.set_interrupt_check(python_interrupt_check(pending));
+    return model;
+  };
   if (holds<SyncChunking>(policy)) {
     auto p = policy.cast<SyncChunking>();
-    auto model = [&] {
-      py::gil_scoped_release nogil;
-      return AnyDispatchedModel(
-          DispatchedModel<SyncChunking>(load_artifact(path, model_name), std::move(p), dtype));
-    }();
-    return std::make_unique<Model>(std::move(model), py::cast(policy.cast<SyncChunking>()),
-                                   std::move(pending));
+    return made([&] { return DispatchedModel<SyncChunking>(artifact(), p, dtype); },
+                py::cast(p));
   }
   if (holds<GreedyPriorityCapacity>(policy)) {
     auto p = policy.cast<GreedyPriorityCapacity>();
-    auto model = [&] {
-      py::gil_scoped_release nogil;
-      return AnyDispatchedModel(DispatchedModel<GreedyPriorityCapacity>(
-          load_artifact(path, model_name), std::move(p), dtype));
-    }();
-    return std::make_unique<Model>(
-        std::move(model), py::cast(policy.cast<GreedyPriorityCapacity>()), std::move(pending));
+    return made([&] { return DispatchedModel<GreedyPriorityCapacity>(artifact(), p, dtype); },
+                py::cast(p));
   }
   if (is_python_policy(policy)) { // a policy written in Python (python_policy.cpp)
     auto held = hold(policy);
     auto model = std::make_unique<Model>(
         load_python_policy(load_artifact(path, model_name), held, dtype, pending), policy, pending);
+    model->model.set_interrupt_check(python_interrupt_check(pending));
     model->policy_held = std::move(held);
     return model;
   }

@@ -17,6 +17,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "neml2_dispatch's compiled core (import neml2_dispatch instead).";
   m.attr("__version__") = neml2::dispatch_version;
   register_errors(m);
+  init_signal_watch();
   bind_policies(m);
   bind_solver_config(m);
   bind_model(m);

@@ -3,6 +3,10 @@ RuntimeError) with the library's messages; ConvergenceError's mask and the conve
 results against eager NEML2; bad input never crashes and leaves the model usable."""
 
 import math
+import os
+import signal
+import threading
+import time
 
 import pytest
 import torch
@@ -249,3 +253,80 @@ def test_a_key_that_is_not_valid_text_is_the_modules_error(elasticity):
     # Any value pybind11 cannot convert is the module's error too (a name that is no text).
     fatal(lambda: nd.load_model(elasticity, "\udc80"), r"a value of a type it does not take")
     model.forward({"strain": torch.rand(2, 6)})
+
+
+# A Ctrl-C during a long call: SIGINT sent from another thread once the call's first rows
+# are written (16384 chunks of 64 rows follow). The call notices it between chunks.
+ROWS, CHUNK = 1 << 20, 64
+SIGNAL_POLICIES = [nd.SyncChunking(batch_size=CHUNK),
+                   nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[CHUNK])]
+
+
+def interrupted_call(model, strain, out):
+    """model.forward_into(...) on this (the main) thread, with SIGINT sent meanwhile."""
+    def send():
+        give_up = time.monotonic() + 60  # the call failed before writing a row: no signal
+        while math.isnan(out[0, 0].item()) and time.monotonic() < give_up:
+            time.sleep(0.0005)
+        if not math.isnan(out[0, 0].item()):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        model.forward_into({"strain": strain}, {"stress": out})
+    finally:
+        sender.join()
+
+
+def stresses(strain):
+    return nd.load_model(stub("elasticity", "elasticity")).forward({"strain": strain})["stress"]
+
+
+def check_stopped_between_chunks(strain, out):
+    """The rows that ran are right; those after them untouched."""
+    written = int((~out.isnan().any(1)).sum())
+    assert 0 < written < ROWS and written % CHUNK == 0
+    assert torch.equal(out[:written], stresses(strain[:written]))
+    assert out[written:].isnan().all()
+
+
+@pytest.mark.parametrize("policy", SIGNAL_POLICIES)
+def test_ctrl_c_stops_a_long_call_between_chunks(policy):
+    model = nd.load_model(stub("elasticity", "elasticity"), "elasticity", policy)
+    strain, out = torch.rand(ROWS, 6) * 1e-3, torch.full((ROWS, 6), math.nan)
+    with pytest.raises(KeyboardInterrupt):
+        interrupted_call(model, strain, out)
+    check_stopped_between_chunks(strain, out)
+    out = torch.empty(ROWS, 6)  # the model goes on
+    model.forward_into({"strain": strain}, {"stress": out})
+    assert torch.equal(out, stresses(strain))
+
+
+@pytest.mark.parametrize("policy", SIGNAL_POLICIES)
+def test_a_signal_handler_runs_between_chunks_and_what_it_raises_leaves_unchanged(policy):
+    model = nd.load_model(stub("elasticity", "elasticity"), "elasticity", policy)
+    strain = torch.rand(ROWS, 6) * 1e-3
+    seen = []
+
+    def note(signum, frame):  # run between chunks: the last rows are not written yet
+        seen.append(bool(out[-1].isnan().all()))
+
+    def stop(signum, frame):
+        raise ValueError("the user's own")
+
+    try:
+        signal.signal(signal.SIGINT, note)
+        out = torch.full((ROWS, 6), math.nan)
+        interrupted_call(model, strain, out)  # a handler that raises nothing: the call goes on
+        assert seen == [True]
+        assert torch.equal(out, stresses(strain))
+
+        signal.signal(signal.SIGINT, stop)
+        out = torch.full((ROWS, 6), math.nan)
+        with pytest.raises(ValueError, match="the user's own") as caught:
+            interrupted_call(model, strain, out)
+        assert type(caught.value) is ValueError
+        check_stopped_between_chunks(strain, out)
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)

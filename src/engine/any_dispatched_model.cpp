@@ -65,6 +65,10 @@ void AnyDispatchedModel::set_observer(ChunkObserver observer) {
   _dispatcher->core.set_observer(std::move(observer));
 }
 
+void AnyDispatchedModel::set_interrupt_check(InterruptCheck check) {
+  _dispatcher->core.set_interrupt_check(std::move(check));
+}
+
 TensorMap& AnyDispatchedModel::named_parameters() noexcept {
   return _dispatcher->core.session().named_parameters();
 }

@@ -52,6 +52,8 @@ std::vector<at::Tensor> run_pieces(const ModelCore::State& core, Operation op,
     core.before_chunk(core.event(0, d, 0, call.batch, 0));
   ChunkArgs chunk;
   for_each_chunk(call.batch, piece, [&](std::int64_t first, std::int64_t rows, std::size_t index) {
+    if (index > 0)
+      ask_interrupt_check(core);
     take_rows(call, first, rows, core.compute[d], chunk);
     add(results, index, first, rows,
         run_rows(core, nullptr, op, d, chunk, results.places(first, rows)));
@@ -99,6 +101,16 @@ void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gat
   const auto on_cpu = core.compute[d].is_cpu();
   add(results, index, first, chunk.rows,
       run_rows(core, &event, op, d, chunk, on_cpu ? results.places(first, chunk.rows) : Places{}));
+}
+
+void ask_interrupt_check(const ModelCore::State& core) {
+  if (!core.interrupt_check)
+    return;
+  try {
+    core.interrupt_check();
+  } catch (...) {
+    std::rethrow_exception(as_library_error(std::current_exception(), "the interrupt check"));
+  }
 }
 
 void finished_on(const ModelCore::State& core, std::size_t d) {

@@ -34,6 +34,10 @@ struct BoundRequest {
 void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gatherer& results,
                std::size_t d, std::int64_t first, std::size_t index);
 
+/// Asks the call's interrupt check, if any (InterruptCheck); what it throws leaves as one
+/// of the library's errors.
+void ask_interrupt_check(const ModelCore::State& core);
+
 /// Waits until this thread's work on accelerator `d` is done (nothing on the CPU): a
 /// chunk's seconds end when its results are ready.
 void finished_on(const ModelCore::State& core, std::size_t d);

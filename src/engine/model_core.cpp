@@ -46,6 +46,10 @@ void ModelCore::set_observer(ChunkObserver observer) {
   _state->observer = std::move(observer);
 }
 
+void ModelCore::set_interrupt_check(InterruptCheck check) {
+  _state->interrupt_check = std::move(check);
+}
+
 std::vector<at::Tensor> ModelCore::positional(const TensorMap& inputs) const {
   return CallProtocol::positional(session(), inputs);
 }

@@ -18,6 +18,7 @@ struct ModelCore::State {
   std::vector<c10::Device> compute;                    // each session's device, resolved once
   std::vector<std::size_t> chunks_in_flight;           // per device: chunks that run at once
   ChunkObserver observer;                              // empty: nothing timed, nothing called
+  InterruptCheck interrupt_check;                      // empty: a call is never asked
   std::function<void(const ChunkEvent&)> before_chunk; // tests inject faults here
 
   [[nodiscard]] ChunkEvent event(std::size_t index, std::size_t d, std::int64_t first,

@@ -51,6 +51,8 @@ std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
 
 void SyncCall::run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index) {
   auto& s = *_state;
+  if (index > 0)
+    ask_interrupt_check(s.core);
   auto& results = s.gatherer();
   const auto start = s.core.observer ? steady_clock::now() : steady_clock::time_point{};
   take_rows(s.call, first, rows, s.core.compute[d], s.chunk);

@@ -48,6 +48,7 @@ public:
   /// The devices, as the policy listed them.
   [[nodiscard]] const std::vector<Device>& devices() const noexcept;
   void set_observer(ChunkObserver observer);
+  void set_interrupt_check(InterruptCheck check);
 
   /// The inputs by name in input_names() order; a FatalError for a missing or unknown name.
   [[nodiscard]] std::vector<at::Tensor> positional(const TensorMap& inputs) const;

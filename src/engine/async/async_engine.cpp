@@ -4,6 +4,7 @@
 // include/neml2/detail/async_engine.hpp).
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -67,6 +68,7 @@ struct Progress {
   };
   std::deque<Chunk> caller_chunks; // for the lane the calling thread serves, not yet run
   std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
+  bool interrupted = false; // the interrupt check stopped the call
   std::condition_variable finished; // the calling thread sleeps here (or runs caller_chunks)
   [[nodiscard]] bool done() const {
     return in_flight == 0 && (first == call.batch || !errors.empty());
@@ -155,20 +157,62 @@ struct AsyncEngine::Impl {
 
   // The calling thread, until its call is done: runs the call's chunks on the lane it
   // serves, one at a time across calls (Engine::mutex held on entry and exit).
+  // A chunk queued before the call's interrupt check stopped it completes without running.
   void run_caller_chunks(Progress& p, std::unique_lock<std::mutex>& lock) const {
     for (;;) {
-      p.finished.wait(lock, [&] { return p.done() || !p.caller_chunks.empty(); });
+      wait_for_chunks(p, lock);
       if (p.caller_chunks.empty())
         return;
       const auto chunk = p.caller_chunks.front();
       p.caller_chunks.pop_front();
+      const bool stopped = p.interrupted;
+      bool interrupted = false;
       lock.unlock();
       {
         const std::lock_guard lane(_engine->caller_lane);
-        complete(*_caller_lane, chunk.first, chunk.rows, chunk.index, p,
-                 [&] { run_chunk_here(p, *_caller_lane, chunk.first, chunk.rows, chunk.index); });
+        complete(*_caller_lane, chunk.first, chunk.rows, chunk.index, p, [&] {
+          if (stopped)
+            return;
+          if (chunk.index > 0) {
+            try {
+              ask_interrupt_check(core);
+            } catch (...) {
+              interrupted = true;
+              throw;
+            }
+          }
+          run_chunk_here(p, *_caller_lane, chunk.first, chunk.rows, chunk.index);
+        });
       }
       lock.lock();
+      p.interrupted = p.interrupted || interrupted;
+    }
+  }
+
+  // Until the call is done or has a chunk for the calling thread; meanwhile its interrupt
+  // check every 20 ms until it stops the call (Engine::mutex held on entry and exit,
+  // released while the check runs).
+  void wait_for_chunks(Progress& p, std::unique_lock<std::mutex>& lock) const {
+    const auto ready = [&] { return p.done() || !p.caller_chunks.empty(); };
+    if (!core.interrupt_check) {
+      p.finished.wait(lock, ready);
+      return;
+    }
+    while (!p.finished.wait_for(lock, std::chrono::milliseconds(20), ready)) {
+      if (p.interrupted)
+        continue; // stopped: the chunks in flight finish
+      lock.unlock();
+      std::exception_ptr stop;
+      try {
+        ask_interrupt_check(core);
+      } catch (...) {
+        stop = std::current_exception();
+      }
+      lock.lock();
+      if (stop) {
+        p.errors.emplace_back(p.index, stop);
+        p.interrupted = true;
+      }
     }
   }
 
