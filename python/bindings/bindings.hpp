@@ -68,6 +68,9 @@ using Interrupts = std::shared_ptr<PendingInterrupt>;
 
 /// Records which thread is Python's main thread (at import; signals.cpp).
 void init_signal_watch();
+/// A call starts on this thread: its first question puts the SIGINT handler in front
+/// again if `signal.signal` replaced it (signals.cpp).
+void starting_call() noexcept;
 /// A model's interrupt check: between chunks, once a SIGINT came, Python's signal handlers
 /// run (the GIL taken, on the main thread only); what they raise is kept in `pending` and
 /// stops the call, which raises it unchanged (signals.cpp).

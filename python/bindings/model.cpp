@@ -78,6 +78,7 @@ struct Model {
   // KeyboardInterrupt (or other BaseException) a callback raised leaves unchanged.
   template <class F>
   auto call(F&& f) const {
+    starting_call();
     try {
       py::gil_scoped_release nogil;
       std::shared_lock lock(guard);

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 
 #include "bindings.hpp" // Python.h, and with it PyThread_get_thread_ident
 
@@ -29,15 +30,15 @@ void note_sigint(int signal, siginfo_t* info, void* context) {
 }
 
 // Puts ours in front of SIGINT's handler, unless it is there already or the handler is
-// SIG_DFL or SIG_IGN (then nothing would run Python's handlers anyway). Asked at the
-// questions, at most every 50 ms (a `sigaction` query is a system call), so a handler
-// that `signal.signal` installed since is chained too.
-void watch_sigint() {
+// SIG_DFL or SIG_IGN (then nothing would run Python's handlers anyway), so that a handler
+// `signal.signal` installed since is chained too. A `sigaction` query is a system call
+// (about 170 ns here): unless `now`, at most every 50 ms.
+void watch_sigint(bool now) {
   using std::chrono::milliseconds;
   static std::atomic<std::int64_t> last{-1000}; // ms on the steady clock: long ago
-  const std::int64_t now = std::chrono::steady_clock::now().time_since_epoch() / milliseconds(1);
+  const std::int64_t ms = std::chrono::steady_clock::now().time_since_epoch() / milliseconds(1);
   auto seen = last.load(std::memory_order_relaxed);
-  if (now - seen < 50 || !last.compare_exchange_strong(seen, now))
+  if (!now && (ms - seen < 50 || !last.compare_exchange_strong(seen, ms)))
     return;
   static std::mutex mutex;
   const std::lock_guard lock(mutex);
@@ -58,8 +59,13 @@ void watch_sigint() {
 }
 
 unsigned long main_thread = 0; // Python's ident of its main thread, known at import
+thread_local bool first_question = false; // of the call this thread is making
 
 } // namespace
+
+void starting_call() noexcept {
+  first_question = true;
+}
 
 void init_signal_watch() {
   main_thread =
@@ -67,8 +73,9 @@ void init_signal_watch() {
 }
 
 InterruptCheck python_interrupt_check(Interrupts pending) {
+  watch_sigint(true);
   return [pending = std::move(pending)] {
-    watch_sigint();
+    watch_sigint(std::exchange(first_question, false));
     // Only the main thread runs Python's handlers: another leaves the signal to it.
     if (!sigint_seen.load(std::memory_order_relaxed) || PyThread_get_thread_ident() != main_thread)
       return;

@@ -255,8 +255,8 @@ def test_a_key_that_is_not_valid_text_is_the_modules_error(elasticity):
     model.forward({"strain": torch.rand(2, 6)})
 
 
-# A Ctrl-C during a long call: SIGINT sent from another thread once the call's first rows
-# are written (16384 chunks of 64 rows follow). The call notices it between chunks.
+# A Ctrl-C during a long call: SIGINT sent from another thread once the call's second chunk
+# has started (16383 chunks of 64 rows follow). The call notices it between chunks.
 ROWS, CHUNK = 1 << 20, 64
 SIGNAL_POLICIES = [nd.SyncChunking(batch_size=CHUNK),
                    nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[CHUNK])]
@@ -265,10 +265,10 @@ SIGNAL_POLICIES = [nd.SyncChunking(batch_size=CHUNK),
 def interrupted_call(model, strain, out):
     """model.forward_into(...) on this (the main) thread, with SIGINT sent meanwhile."""
     def send():
-        give_up = time.monotonic() + 60  # the call failed before writing a row: no signal
-        while math.isnan(out[0, 0].item()) and time.monotonic() < give_up:
+        give_up = time.monotonic() + 60  # the call failed before its second chunk: no signal
+        while math.isnan(out[CHUNK, 0].item()) and time.monotonic() < give_up:
             time.sleep(0.0005)
-        if not math.isnan(out[0, 0].item()):
+        if not math.isnan(out[CHUNK, 0].item()):
             os.kill(os.getpid(), signal.SIGINT)
 
     sender = threading.Thread(target=send)
@@ -286,7 +286,7 @@ def stresses(strain):
 def check_stopped_between_chunks(strain, out):
     """The rows that ran are right; those after them untouched."""
     written = int((~out.isnan().any(1)).sum())
-    assert 0 < written < ROWS and written % CHUNK == 0
+    assert CHUNK < written < ROWS and written % CHUNK == 0
     assert torch.equal(out[:written], stresses(strain[:written]))
     assert out[written:].isnan().all()
 
