@@ -5,6 +5,7 @@ program as a console script. (The C++ consumer build itself is in the script.)""
 import re
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import neml2_dispatch as nd
@@ -24,6 +25,17 @@ def test_cmake_prefix_holds_the_cpp_package():
                  "lib/cmake/neml2_dispatch/neml2_dispatchTorch.cmake", "bin/neml2-dispatch",
                  "share/neml2-dispatch/plot_tune.py"]:
         assert (prefix / part).is_file(), f"{part} is not in the wheel's package"
+
+
+def test_requires_python_is_what_its_torch_requires():
+    def least(spec):  # ">=3.10" -> (3, 10)
+        found = re.fullmatch(r">=\s*(\d+)\.(\d+)", spec.strip())
+        assert found, f"Requires-Python {spec!r} is not of the form >=X.Y"
+        return tuple(int(x) for x in found.groups())
+
+    ours = metadata.metadata("neml2_dispatch")["Requires-Python"]
+    torch = metadata.metadata("torch")["Requires-Python"]
+    assert least(ours) >= least(torch), f"the wheel allows Python {ours}, its torch {torch}"
 
 
 def test_version_is_the_projects():
