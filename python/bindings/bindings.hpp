@@ -111,9 +111,11 @@ TensorMap to_map(py::handle value, const char* what);
 VariablePairJacobian to_blocks(py::handle value, const char* what);
 /// A list or tuple of tensors, in a prepared call's order.
 std::vector<at::Tensor> to_list(py::handle value, const char* what);
-/// Results as a dict by name, blocks as a dict of dicts.
-py::dict to_dict(const TensorMap& map);
-py::dict to_dict(const VariablePairJacobian& blocks);
+/// Results as a dict by name, blocks as a dict of dicts: the names in `order` first, in
+/// that order (the artifact's outputs, inputs), then any other by name.
+py::dict to_dict(const TensorMap& map, const std::vector<std::string>& order = {});
+py::dict to_dict(const VariablePairJacobian& blocks, const std::vector<std::string>& outer,
+                 const std::vector<std::string>& inner = {});
 /// Tensors, or shapes as lists of int, as a Python list.
 py::list to_py_list(const std::vector<at::Tensor>& tensors);
 py::list to_py_list(const std::vector<Shape>& shapes);

@@ -1,6 +1,7 @@
 // Between Python and the library: dicts and lists of tensors in (the caller's tensors, no
 // copy) and out, Jacobian blocks, shapes, and devices as strings.
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -85,17 +86,32 @@ std::vector<at::Tensor> to_list(py::handle value, const char* what) {
   return tensors;
 }
 
-py::dict to_dict(const TensorMap& map) {
+namespace {
+// `add(name, value)` for the names of `map` in `order` first, then the others by name.
+template <class Map, class Add>
+void in_order(const Map& map, const std::vector<std::string>& order, Add&& add) {
+  for (const auto& name : order)
+    if (const auto it = map.find(name); it != map.end())
+      add(name, it->second);
+  for (const auto& [name, value] : map)
+    if (std::find(order.begin(), order.end(), name) == order.end())
+      add(name, value);
+}
+} // namespace
+
+py::dict to_dict(const TensorMap& map, const std::vector<std::string>& order) {
   py::dict dict;
-  for (const auto& [name, tensor] : map)
-    dict[py::str(name)] = tensor;
+  in_order(map, order,
+           [&](const std::string& name, const at::Tensor& t) { dict[py::str(name)] = t; });
   return dict;
 }
 
-py::dict to_dict(const VariablePairJacobian& blocks) {
+py::dict to_dict(const VariablePairJacobian& blocks, const std::vector<std::string>& outer,
+                 const std::vector<std::string>& inner) {
   py::dict dict;
-  for (const auto& [name, inner] : blocks)
-    dict[py::str(name)] = to_dict(inner);
+  in_order(blocks, outer, [&](const std::string& name, const TensorMap& row) {
+    dict[py::str(name)] = to_dict(row, inner);
+  });
   return dict;
 }
 

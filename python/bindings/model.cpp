@@ -250,7 +250,8 @@ void bind_model(py::module_& m) {
           "forward",
           [](const Model& self, py::object inputs) {
             const auto in = to_map(inputs, "inputs");
-            return to_dict(self.call([&] { return self.model.forward(in); }));
+            return to_dict(self.call([&] { return self.model.forward(in); }),
+                           self.model.output_names());
           },
           "inputs"_a, "The outputs by name.")
       .def(
@@ -259,7 +260,8 @@ void bind_model(py::module_& m) {
             const auto in = to_map(inputs, "inputs");
             const auto t = to_map(tangents, "tangents");
             auto [out, d] = self.call([&] { return self.model.jvp(in, t); });
-            return py::make_tuple(to_dict(out), to_dict(d));
+            const auto& names = self.model.output_names();
+            return py::make_tuple(to_dict(out, names), to_dict(d, names));
           },
           "inputs"_a, "tangents"_a, "(outputs, d(outputs)) along `tangents` (missing = 0).")
       .def(
@@ -267,7 +269,9 @@ void bind_model(py::module_& m) {
           [](const Model& self, py::object inputs) {
             const auto in = to_map(inputs, "inputs");
             auto [out, J] = self.call([&] { return self.model.jacobian(in); });
-            return py::make_tuple(to_dict(out), to_dict(J));
+            const auto& names = self.model.output_names();
+            return py::make_tuple(to_dict(out, names),
+                                  to_dict(J, names, self.model.input_names()));
           },
           "inputs"_a, "(outputs, J), J[out][in] of shape (B, *out_base, *in_base).")
       .def(
@@ -275,7 +279,8 @@ void bind_model(py::module_& m) {
           [](const Model& self, py::object inputs) {
             const auto in = to_map(inputs, "inputs");
             auto [out, P] = self.call([&] { return self.model.param_jacobian(in); });
-            return py::make_tuple(to_dict(out), to_dict(P));
+            const auto& names = self.model.output_names();
+            return py::make_tuple(to_dict(out, names), to_dict(P, names));
           },
           "inputs"_a, "(outputs, P), P[out][parameter] of shape (B, *out_base, *param_base).")
       .def(

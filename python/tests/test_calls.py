@@ -2,6 +2,8 @@
 compiled graphs) and against NEML2's own binding of the compiled model (neml2.aoti.Model)
 on the same artifact, under both built-in policies; tensors in and out without copies."""
 
+import json
+
 import pytest
 import torch
 
@@ -366,3 +368,24 @@ def test_a_model_in_a_cycle_with_its_observer_or_policy_is_collected(elasticity)
     assert observed() is None, "a model whose observer refers to it was not collected"
     assert held() is None, "a model whose policy refers to it was not collected"
     assert prepared() is None, "a model in a cycle through a prepared call was not collected"
+
+
+def test_results_come_in_the_artifacts_order():
+    # j2 radial return lists its outputs as (equivalent_plastic_strain, stress,
+    # plastic_strain): not by name, as NEML2's runtime returns them.
+    root = artifact_root("j2_radial_return", "model")
+    metadata = json.loads((root / "metadata.json").read_text())
+    outputs = [v["name"] for v in metadata["outputs"]]
+    inputs = [v["name"] for v in metadata["inputs"]]
+    assert outputs != sorted(outputs)
+    model = nd.load_model(stub("j2_radial_return", "model"), "model")
+    given = {name: torch.zeros(3, *shape)
+             for name, shape in zip(model.input_names, model.input_base_shapes)}
+    given["E"], given["t"] = torch.full((3, 6), 1e-3), torch.ones(3)
+    assert list(model.forward(given)) == outputs
+    out, J = model.jacobian(given)
+    assert list(out) == outputs and list(J) == outputs
+    for row in J.values():
+        assert list(row) == [name for name in inputs if name in row]
+    out, d = model.jvp(given, {"E": torch.ones(3, 6)})
+    assert list(out) == outputs and list(d) == outputs
