@@ -10,12 +10,34 @@
 #include <string>
 #include <vector>
 
+#include <torch/csrc/Device.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <neml2/dispatch_fwd.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/simulate.hpp>
+
+// A device given as text ("cuda:1") or as a torch.device, wherever the module takes one;
+// given back as text.
+template <>
+struct pybind11::detail::type_caster<neml2::Device> {
+  PYBIND11_TYPE_CASTER(neml2::Device, const_name("str | torch.device"));
+  bool load(handle src, bool) {
+    if (PyUnicode_Check(src.ptr())) {
+      value = neml2::Device(src.cast<std::string>());
+      return true;
+    }
+    if (THPDevice_Check(src.ptr())) {
+      value = neml2::Device(reinterpret_cast<THPDevice*>(src.ptr())->device);
+      return true;
+    }
+    return false;
+  }
+  static handle cast(const neml2::Device& device, return_value_policy, handle) {
+    return pybind11::str(device.str()).release();
+  }
+};
 
 namespace neml2::python {
 
@@ -120,9 +142,8 @@ py::dict to_dict(const VariablePairJacobian& blocks, const std::vector<std::stri
 py::list to_py_list(const std::vector<at::Tensor>& tensors);
 py::list to_py_list(const std::vector<Shape>& shapes);
 
-/// Devices as strings, and back.
+/// Devices as strings.
 std::vector<std::string> device_strings(const std::vector<Device>& devices);
-std::vector<Device> devices_of(const std::vector<std::string>& names);
 
 /// The artifact of model `name` (optional for one-model stubs) at `path` (model.cpp).
 std::shared_ptr<const Artifact> load_artifact(const std::filesystem::path& path,

@@ -136,8 +136,5 @@ std::vector<std::string> device_strings(const std::vector<Device>& devices) {
   return out;
 }
 
-std::vector<Device> devices_of(const std::vector<std::string>& names) {
-  return {names.begin(), names.end()};
-}
 
 } // namespace neml2::python

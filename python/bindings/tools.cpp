@@ -42,7 +42,7 @@ std::function<void(std::size_t, const TunePoint&, const Sweep&)> as_on_point(py:
 }
 
 std::string tune_text(const std::filesystem::path& path, std::optional<std::string> name,
-                      const std::vector<std::string>& devices, const std::string& operation,
+                      const std::vector<Device>& devices, const std::string& operation,
                       c10::ScalarType dtype, std::int64_t batch_rows, std::int64_t min_rows,
                       std::int64_t max_rows, double budget_seconds, int warmup, int repeats,
                       py::object sample,
@@ -73,7 +73,7 @@ std::string tune_text(const std::filesystem::path& path, std::optional<std::stri
   options.on_point = as_on_point(std::move(on_point));
   const auto artifact = load_artifact(path, name);
   py::gil_scoped_release nogil;
-  const auto result = tune(*artifact, devices_of(devices), options, name.value_or(""));
+  const auto result = tune(*artifact, devices, options, name.value_or(""));
   if (out)
     write_tune_file(*out, result);
   return tune_file_text(result);

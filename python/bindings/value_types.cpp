@@ -17,13 +17,13 @@ void bind_policies(py::module_& m) {
   py::class_<SyncChunking>(m, "SyncChunking",
                            "The whole batch on one device, in chunks of `batch_size` rows (0: "
                            "one call), on the calling thread.")
-      .def(py::init([](const std::string& device, std::int64_t batch_size) {
+      .def(py::init([](const Device& device, std::int64_t batch_size) {
              return SyncChunking{.device = device, .batch_size = batch_size};
            }),
-           "device"_a = "cpu", "batch_size"_a = 0)
+           "device"_a = Device("cpu"), "batch_size"_a = 0)
       .def_property(
           "device", [](const SyncChunking& p) { return p.device.str(); },
-          [](SyncChunking& p, const std::string& d) { p.device = d; }, "Where every chunk runs.")
+          [](SyncChunking& p, const Device& d) { p.device = d; }, "Where every chunk runs.")
       .def_readwrite("batch_size", &SyncChunking::batch_size,
                      "Rows per graph call; 0: the whole batch at once.")
       .def("__repr__", [](const SyncChunking& p) {
@@ -37,11 +37,11 @@ void bind_policies(py::module_& m) {
       "priority whose rows in flight plus its batch size stay within its capacity. Lists of "
       "length 1 apply to every device; capacities and priorities may be empty (one chunk "
       "in flight; all equal).")
-      .def(py::init([](const std::vector<std::string>& devices,
+      .def(py::init([](const std::vector<Device>& devices,
                        const std::vector<std::int64_t>& batch_sizes,
                        const std::vector<std::int64_t>& capacities,
                        const std::vector<double>& priorities) {
-             return GreedyPriorityCapacity{.devices = devices_of(devices),
+             return GreedyPriorityCapacity{.devices = devices,
                                            .batch_sizes = batch_sizes,
                                            .capacities = capacities,
                                            .priorities = priorities};
@@ -50,9 +50,7 @@ void bind_policies(py::module_& m) {
            "priorities"_a = std::vector<double>{})
       .def_property(
           "devices", [](const GreedyPriorityCapacity& p) { return device_strings(p.devices); },
-          [](GreedyPriorityCapacity& p, const std::vector<std::string>& d) {
-            p.devices = devices_of(d);
-          },
+          [](GreedyPriorityCapacity& p, const std::vector<Device>& d) { p.devices = d; },
           "The pool: at most one CPU, each device once.")
       .def_readwrite("batch_sizes", &GreedyPriorityCapacity::batch_sizes,
                      "Rows per chunk: one per device, or one for all.")

@@ -64,7 +64,8 @@ def artifact_info(path, name=None, *, text=False):
 
 
 def tune(path: "_os.PathLike | str", name: "str | None" = None,
-         devices: "str | Sequence[str]" = ("cpu",), *, operation: str = "forward",
+         devices: "str | _torch.device | Sequence[str | _torch.device]" = ("cpu",), *,
+         operation: str = "forward",
          dtype: "_torch.dtype" = _torch.float64, batch_rows: int = 1 << 16, min_rows: int = 1,
          max_rows: int = 1 << 22, budget_seconds: float = 30.0, warmup: int = 1,
          repeats: int = 5, sample: "Mapping[str, Any] | None" = None,
@@ -80,10 +81,12 @@ def tune(path: "_os.PathLike | str", name: "str | None" = None,
     size, ``ranges`` ({input: (low, high)}) and ``low``/``high`` bound generated values;
     ``on_point(device_index, point)`` is called after each size. The GIL is released while
     it measures."""
-    if isinstance(devices, str):
+    if isinstance(devices, (str, _torch.device)):
         devices = [devices]
     return _json.loads(_core._tune(
-        _os.fspath(path), name, [str(d) for d in devices], operation=operation, dtype=dtype,
+        _os.fspath(path), name,
+        [d if isinstance(d, _torch.device) else str(d) for d in devices], operation=operation,
+        dtype=dtype,
         batch_rows=batch_rows, min_rows=min_rows, max_rows=max_rows,
         budget_seconds=budget_seconds, warmup=warmup, repeats=repeats, sample=sample,
         ranges=dict(ranges or {}), low=low, high=high, seed=seed, overlap_test=overlap_test,

@@ -239,3 +239,22 @@ def test_a_base_exception_from_a_python_policy_leaves_the_call_unchanged(elastic
         with pytest.raises(type(raised)) as caught:
             model.forward({"strain": torch.rand(9, 6)})
         assert caught.value is raised
+
+
+def test_a_torch_device_is_taken_wherever_a_device_is(elasticity):
+    cpu = torch.device("cpu")
+    sync = nd.SyncChunking(device=cpu, batch_size=4)
+    greedy = nd.GreedyPriorityCapacity(devices=[cpu], batch_sizes=[4])
+    assert sync.device == "cpu" and greedy.devices == ["cpu"]
+    sync.device, greedy.devices = torch.device("cpu"), [torch.device("cpu")]
+    strain = torch.rand(9, 6)
+    expected = nd.load_model(elasticity).forward({"strain": strain})
+    for policy in (sync, greedy):
+        assert torch.equal(nd.load_model(elasticity, policy).forward({"strain": strain})["stress"],
+                           expected["stress"])
+    tuned = nd.tune(elasticity, devices=cpu, max_rows=64, budget_seconds=0.2, repeats=1,
+                    overlap_test=False, lane_test=False)
+    assert [d["device"] for d in tuned["devices"]] == ["cpu"]
+    # A device the library does not know is still its error, by name.
+    with pytest.raises(nd.FatalError, match="cuda:99|not available|no such"):
+        nd.load_model(elasticity, nd.SyncChunking(device=torch.device("cuda", 99)))
