@@ -19,6 +19,11 @@
 // substepping costs the rows that converge in one step (0 %), and with a few rows that
 // need three spans (10 %).
 //
+// `<runtime>_binned_history/BATCH`: runtime `peer`, `rows` or `tensor` over a 100-step
+// history of binned_precipitation (a number density over 8 size bins, solved per point),
+// each step's bins the next step's `~1` input, homologous temperatures 0.5 to 1.5 across
+// the points; items are point-steps.
+//
 // `pool_sync` / `pool_greedy`, NAME/BATCH/CHUNK, all rows plastic: SyncChunking against
 // GreedyPriorityCapacity on the CPU alone at the same chunk size (the pool's CPU lane
 // against the calling thread).
@@ -131,6 +136,47 @@ void versus_peer(benchmark::State& state, Runtime runtime, bool chaboche, bool j
   neml2::detail::observe_graph_calls({});
   measure(state, model, x, jacobian);
   state.counters["row_iterations"] = static_cast<double>(row_iterations);
+}
+
+const auto binned_stub = std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) /
+                         "binned_precipitation" / "model_aoti.i";
+
+// A 100-step history from empty bins: one forward call a step, its bins carried on.
+template <class Model>
+void run_history(benchmark::State& state, Model& model) {
+  const auto batch = state.range(0);
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto temperature = at::linspace(0.5, 1.5, batch, opts);
+  const auto history = [&] {
+    auto bins = at::zeros({batch, 8}, opts);
+    for (int step = 1; step <= 100; ++step)
+      bins = model
+                 .forward({{"T", temperature},
+                           {"number_density~1", bins},
+                           {"t", at::full({batch}, 0.1 * step, opts)},
+                           {"t~1", at::full({batch}, 0.1 * (step - 1), opts)}})
+                 .at("number_density");
+    return bins;
+  };
+  benchmark::DoNotOptimize(history()); // the first calls of a graph are slow
+  for (auto _ : state)
+    benchmark::DoNotOptimize(history());
+  state.SetItemsProcessed(state.iterations() * batch * 100);
+}
+
+void binned_history(benchmark::State& state, Runtime runtime) {
+  if (runtime == Runtime::peer) {
+    auto model = neml2::aoti::load_model(binned_stub, "model",
+                                         std::make_shared<neml2::aoti::SimpleScheduler>(
+                                             neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+    run_history(state, model);
+    return;
+  }
+  auto model = neml2::load_model(binned_stub, "model", neml2::SyncChunking{.device = "cpu"});
+  auto config = model.solver_config();
+  config.row_pass = runtime == Runtime::rows;
+  model.set_solver_config(config);
+  run_history(state, model);
 }
 
 // The machine's limits for the roofline line, on the intra-op threads: a copy of 512 MiB
@@ -290,7 +336,7 @@ BENCHMARK(pool_sync)->Apply(pool_chunks)->UseRealTime();
 BENCHMARK(pool_greedy)->Apply(pool_chunks)->UseRealTime();
 const bool versus_peer_benchmarks = [] {
   for (const auto& [runtime, runtime_name] :
-       {std::pair{Runtime::peer, "peer"}, {Runtime::rows, "rows"}, {Runtime::tensor, "tensor"}})
+       {std::pair{Runtime::peer, "peer"}, {Runtime::rows, "rows"}, {Runtime::tensor, "tensor"}}) {
     for (const bool chaboche : {false, true})
       for (const bool jacobian : {false, true}) {
         const auto name = std::string(runtime_name) + (chaboche ? "_chaboche" : "_j2") +
@@ -299,6 +345,12 @@ const bool versus_peer_benchmarks = [] {
             ->Apply(versus)
             ->UseRealTime();
       }
+    benchmark::RegisterBenchmark((std::string(runtime_name) + "_binned_history").c_str(),
+                                 binned_history, runtime)
+        ->Arg(64)
+        ->Arg(4096)
+        ->UseRealTime();
+  }
   return true;
 }();
 // J2 on cuda:0 against NEML2's runtime where a GPU and the artifact's cuda graphs exist

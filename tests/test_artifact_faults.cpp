@@ -212,7 +212,12 @@ TEST_CASE("implicit metadata that disagrees with its graphs") {
   const auto load_fails = [&](const std::string& part) { check_load_fails(root, part); };
   rewrite("\"unknowns\": [\n        {\n          \"name\": \"x\",\n          \"var_size\": 1",
           "\"unknowns\": [{\"name\": \"x\", \"var_size\": 2");
-  load_fails("var_size': 2 for base_shape [] of 1 values");
+  load_fails("var_size': 2 for sub_batch_shape [] and base_shape [] of 1 values");
+  // Consistent in itself (2 bins of a scalar), but not what the graphs take.
+  rewrite("\"name\": \"x\",\n          \"var_size\": 1,\n          \"sub_batch_shape\": []",
+          "\"name\": \"x\", \"var_size\": 2, \"sub_batch_shape\": [2]");
+  load_fails("does not match metadata.json: argument 0 is (B, 1) in the graph but (B, 2) in "
+             "metadata.json");
   rewrite("\"residual_package\": \"model_residual.pt2\"",
           "\"residual_package\": \"model_jacobian.pt2\"");
   load_fails("model_jacobian.pt2' (metadata.json residual_package) does not match metadata.json: "

@@ -256,17 +256,8 @@ TEST_CASE("every other implicit feature not run here is refused at load, by name
        "solver_kind"},
       {[](json& s) { s["predictor_feedback"] = json::object(); },
        "uses an iterated predictor (predictor_feedback)"},
-      // As neml2-compile writes one (a KWN model's 300 size bins): var_size counts the bins.
-      {[](json& s) {
-         s["unknowns"][0]["sub_batch_shape"] = {300};
-         s["unknowns"][0]["var_size"] = 300;
-       },
-       "segments[0].unknowns[0] uses a sub-batched implicit variable ('x', sub_batch_shape "
-       "[300]), which neml2-dispatch does not support yet"},
       {[](json& s) { s["unknown_group_infos"][0]["structure"] = "block_diagonal"; },
        "segments[0].unknown_group_infos[0] uses a 'block_diagonal' variable group"},
-      {[](json& s) { s["given_group_infos"][0]["sub_batch_shape"] = {2}; },
-       "segments[0].given_group_infos[0] uses a sub-batched variable group"},
       {[](json& s) { s["input_sensitivity"]["kind"] = "iterative"; },
        "'iterative' is not a sensitivity solve neml2-dispatch knows (supported: direct, krylov)"},
       {[](json& s) { s.erase("solve_ift_package"); },

@@ -878,3 +878,69 @@ TEST_CASE("a padded call's result that is its input passed through is its own me
   CHECK(at::equal(first, at::full(sizes, 0.25, at::kDouble)));
   CHECK(at::equal(second, at::full(sizes, 0.75, at::kDouble)));
 }
+
+// Unknowns with a sub-batch axis (binned_precipitation: a number density over 8 size bins,
+// coupled through the precipitated volume): a row is a material point, its 8 bins one
+// system.
+
+TEST_CASE("an unknown with a sub-batch axis: read as written, each point solved as eager NEML2") {
+  const auto a = read_artifact(
+      resolve_artifact_root(test::stub("binned_precipitation", "model"), "model"));
+  const auto& seg = std::get<ImplicitSegment>(a.segments.front());
+  CHECK(seg.unknowns.front().sub_batch_shape == Shape{8});
+  CHECK(seg.unknowns.front().base_shape.empty());
+  CHECK(seg.unknowns.front().var_size == 8);
+  CHECK(seg.unknown_groups.front().sub_batch_shape == Shape{8});
+  const auto s = session("binned_precipitation");
+  const test::Reference ref("binned_precipitation");
+  for (int n = 0; n < 6; ++n) {
+    CHECK(s.forward(ref.group(step(n) + "/in")).at("number_density").sizes() ==
+          at::IntArrayRef{20, 8});
+    test::check_forward(s, ref, step(n), 1e-8);
+  }
+}
+
+TEST_CASE("binned unknowns: chunks of 1 and 7, the whole batch, _into and both policies") {
+  const test::Reference ref("binned_precipitation");
+  const auto inputs = ref.group("s5/in");
+  const auto expected = ref.group("s5/out");
+  const auto stub = test::stub("binned_precipitation", "model");
+  for (std::int64_t rows : {1, 7, 0}) {
+    CAPTURE(rows);
+    const auto m = load_model(stub, "model", SyncChunking{.device = "cpu", .batch_size = rows});
+    test::check_close(m.forward(inputs), expected, "chunked", 1e-8);
+    const auto into = at::full({20, 8}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
+    m.forward_into(inputs, {{"number_density", into}});
+    test::check_close(into, expected.at("number_density"), "into", 1e-8);
+  }
+  const auto greedy = load_model(stub, "model",
+                                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {7}});
+  test::check_close(greedy.forward(inputs), expected, "greedy", 1e-8);
+}
+
+TEST_CASE("binned unknowns: a point's bins do not depend on the points beside it, on either path") {
+  // Homologous temperatures 0.5 to 1.5 across the rows: the slowest and fastest
+  // precipitation side by side, each as it is alone.
+  const test::Reference ref("binned_precipitation");
+  const auto inputs = ref.group("s5/in");
+  auto s = session("binned_precipitation");
+  std::optional<TensorMap> on_rows;
+  for (const bool row_pass : {true, false}) {
+    CAPTURE(row_pass);
+    auto config = s.solver_config();
+    config.row_pass = row_pass;
+    s.set_solver_config(config);
+    const auto together = s.forward(inputs);
+    for (std::int64_t r : {0, 19}) {
+      const auto alone = s.forward(rows_of(inputs, at::tensor({r}, at::kLong)));
+      const auto mixed = s.forward(rows_of(inputs, at::tensor({19 - r, r}, at::kLong)));
+      test::check_close(alone.at("number_density"), together.at("number_density").narrow(0, r, 1),
+                        "alone", 1e-13);
+      test::check_close(mixed.at("number_density").narrow(0, 1, 1),
+                        together.at("number_density").narrow(0, r, 1), "mixed", 1e-13);
+    }
+    if (on_rows)
+      test::check_close(together, *on_rows, "row pass against the tensor path", 1e-12);
+    on_rows = together;
+  }
+}

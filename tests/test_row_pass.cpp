@@ -475,3 +475,18 @@ TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major b
   test::check_close(singular.index_select(0, others), expected.index_select(0, others),
                     "the other rows", 1e-12);
 }
+
+TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every unknown group") {
+  SolverConfig config;
+  const neml2::detail::NewtonGraphs direct;
+  const auto rows_of_width = [](std::int64_t width) { return at::zeros({3, width}, at::kDouble); };
+  const auto max = neml2::detail::row_pass_max_unknowns;
+  CHECK(neml2::detail::runs_on_rows(rows_of_width(1), max, config));
+  CHECK_FALSE(neml2::detail::runs_on_rows(rows_of_width(1), max + 1, config));
+  CHECK(neml2::detail::runs_on_rows(direct, {rows_of_width(max - 24), rows_of_width(24)}, config));
+  CHECK_FALSE(neml2::detail::runs_on_rows(direct, {rows_of_width(max - 24), rows_of_width(25)}, config));
+  // Off the CPU's double, or asked off, whatever the size.
+  CHECK_FALSE(neml2::detail::runs_on_rows(at::zeros({3, 1}, at::kFloat), 1, config));
+  config.row_pass = false;
+  CHECK_FALSE(neml2::detail::runs_on_rows(rows_of_width(1), 1, config));
+}

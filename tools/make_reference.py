@@ -26,6 +26,9 @@ loads range from elastic to far past yield. Each row is solved by eager NEML2 on
 
   s<n>/in/<x>, s<n>/out/<y>, s<n>/jac/<y>/<x>   step n = 0, 1, ...
 
+With --sub-batch NAME=N, the old state NAME has N sub-batch entries (bins) per row, given
+to eager NEML2 as such; the solved state carries them into the next step.
+
     make_reference.py INPUT.i --model NAME --out DIR --line-search
 
 For the scalar backward-Euler model (x + dt x^2 = x~1 + dt a, dt = 10, from initial
@@ -183,9 +186,18 @@ def history_force(name, shape, step, rows):
     return (0.5 + frac).reshape(rows, *shape).expand(rows, *shape).clone()
 
 
+def with_sub_batch(model, values):
+    """Values of sub-batched inputs (--sub-batch) as typed wrappers that say so: eager NEML2
+    takes the axes of a raw tensor as batch axes, which a model that sums over its bins
+    must not see."""
+    return {n: model.input_spec[n](v, sub_batch_ndim=len(SUB_BATCH[n])) if n in SUB_BATCH else v
+            for n, v in values.items()}
+
+
 def history_case(store, model, steps, derivatives):
     rows = HISTORY_ROWS
-    spec = {name: list(typ.BASE_SHAPE) for name, typ in model.input_spec.items()}
+    spec = {name: [*SUB_BATCH.get(name, []), *typ.BASE_SHAPE]
+            for name, typ in model.input_spec.items()}
     outputs = set(model.output_spec)
     previous = {}
     for step in range(steps):
@@ -206,7 +218,7 @@ def history_case(store, model, steps, derivatives):
         results, jacobians = {}, {}
         for r in range(rows):  # one row per solve: its own Newton iterations
             row = {n: v[r : r + 1] for n, v in inputs.items()}
-            for name, v in model.call_by_name(row).items():
+            for name, v in model.call_by_name(with_sub_batch(model, row)).items():
                 results.setdefault(name, []).append(raw(v).detach())
             if derivatives:
                 _, jac = model.jacobian(row)

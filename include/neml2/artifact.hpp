@@ -92,11 +92,12 @@ struct ForwardSegment {
 };
 
 /// A variable of an implicit segment: unknown, residual or given (flattened per row to
-/// `var_size` values inside its group).
+/// `var_size` values inside its group: its sub-batch axes, then its base shape).
 struct ImplicitVariable {
   std::string name;          ///< the variable's name
-  std::int64_t var_size = 1; ///< values per row
-  Shape base_shape;          ///< its shape per row (var_size values)
+  std::int64_t var_size = 1; ///< values per row, over its sub-batch axes too
+  Shape sub_batch_shape;     ///< axes that ride along with each row (300 bins: [300])
+  Shape base_shape;          ///< its shape per sub-batch entry
   /// Givens only: how substepping treats it (static, old_state, cur_force, old_force)
   /// and the variable it pairs with (empty when none).
   std::string role;
@@ -107,6 +108,7 @@ struct ImplicitVariable {
 /// the variables packed side by side into one graph argument `(B, sum of var_size)`.
 struct VariableGroup {
   std::vector<std::string> names; ///< the variables, side by side
+  Shape sub_batch_shape;          ///< the sub-batch axes the compiler gave the group
 };
 
 /// One block du/dg of the solve_ift graph, at its flat offsets in -A^{-1}B.

@@ -389,3 +389,24 @@ def test_results_come_in_the_artifacts_order():
         assert list(row) == [name for name in inputs if name in row]
     out, d = model.jvp(given, {"E": torch.ones(3, 6)})
     assert list(out) == outputs and list(d) == outputs
+
+
+def test_sub_batched_unknown_carries_its_bins_through_a_history():
+    """A number density over 8 size bins solved per point: `(B, 8)` out, fed back as the
+    next step's `~1` input, each step against eager NEML2 given the bins as a sub-batch."""
+    from neml2.types import Scalar
+    model = nd.load_model(stub("binned_precipitation", "model"), "model",
+                          nd.SyncChunking(batch_size=3))
+    ref = eager("binned_precipitation.i", "model")
+    rows = 5
+    T = torch.linspace(0.5, 1.5, rows)
+    ours = theirs = torch.zeros(rows, 8)
+    for step in range(1, 5):
+        t, t_old = torch.full((rows,), 0.1 * step), torch.full((rows,), 0.1 * (step - 1))
+        ours = model.forward({"T": T, "number_density~1": ours, "t": t,
+                              "t~1": t_old})["number_density"]
+        assert ours.shape == (rows, 8)
+        (theirs,) = ref(Scalar(T), Scalar(theirs, sub_batch_ndim=1), Scalar(t), Scalar(t_old))
+        theirs = raw(theirs)
+        check_close(ours, theirs, f"step {step}", rtol=1e-8)
+    assert ours.abs().max() > 0.1  # the bins filled: the history did something

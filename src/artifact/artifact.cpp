@@ -191,15 +191,13 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
     v.var_size = r.get<std::int64_t>(entry, "var_size", f);
     v.base_shape = r.shape(entry, "base_shape", f);
     // neml2-compile writes var_size over the sub-batch axes too (300 bins of a scalar: 300).
-    if (const auto sub_batch = r.shape_or(entry, "sub_batch_shape", f, {}); !sub_batch.empty())
-      unsupported(r, f,
-                  fmt::format("a sub-batched implicit variable ('{}', sub_batch_shape [{}])",
-                              v.name, fmt::join(sub_batch, ", ")),
-                  "solve it with eager NEML2 or without sub-batch axes");
-    if (v.var_size != detail::numel(v.base_shape))
+    v.sub_batch_shape = r.shape_or(entry, "sub_batch_shape", f, {});
+    const auto values = detail::numel(v.sub_batch_shape) * detail::numel(v.base_shape);
+    if (v.var_size != values)
       r.fail(f + ".var_size",
-             fmt::format("{} for base_shape [{}] of {} values", v.var_size,
-                         fmt::join(v.base_shape, ", "), detail::numel(v.base_shape)));
+             fmt::format("{} for sub_batch_shape [{}] and base_shape [{}] of {} values",
+                         v.var_size, fmt::join(v.sub_batch_shape, ", "),
+                         fmt::join(v.base_shape, ", "), values));
     v.role = r.get_or<std::string>(entry, "role", f, "static");
     if (entry.contains("pair") && entry["pair"].is_string())
       v.pair = entry["pair"].get<std::string>();
@@ -216,9 +214,8 @@ std::vector<VariableGroup> read_groups(const json& s, const char* key, const std
     if (structure != "dense")
       unsupported(r, f, fmt::format("a '{}' variable group", structure),
                   "only dense groups run here");
-    if (!r.shape_or(entry, "sub_batch_shape", f, {}).empty())
-      unsupported(r, f, "a sub-batched variable group", "only plain-batch groups run here");
-    groups.push_back({r.get<std::vector<std::string>>(entry, "var_names", f)});
+    groups.push_back({r.get<std::vector<std::string>>(entry, "var_names", f),
+                      r.shape_or(entry, "sub_batch_shape", f, {})});
   });
   return groups;
 }

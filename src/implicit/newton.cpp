@@ -219,7 +219,7 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
                           const std::vector<at::Tensor>& givens,
                           const std::vector<at::Tensor>& params, const SolverConfig& config,
                           bool gate_relative) {
-  if (runs_on_rows(graphs, u0.front(), config))
+  if (runs_on_rows(graphs, u0, config))
     return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative);
   WorkingSet w;
   w.u = std::move(u0);

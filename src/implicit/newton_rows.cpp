@@ -366,12 +366,17 @@ private:
 
 } // namespace
 
-bool runs_on_rows(const at::Tensor& like, const SolverConfig& config) {
-  return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble;
+bool runs_on_rows(const at::Tensor& like, std::int64_t unknowns, const SolverConfig& config) {
+  return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble &&
+         unknowns <= row_pass_max_unknowns;
 }
 
-bool runs_on_rows(const NewtonGraphs& graphs, const at::Tensor& like, const SolverConfig& config) {
-  return !graphs.matvec && runs_on_rows(like, config);
+bool runs_on_rows(const NewtonGraphs& graphs, const std::vector<at::Tensor>& u,
+                  const SolverConfig& config) {
+  std::int64_t unknowns = 0;
+  for (const auto& t : u)
+    unknowns += t.size(0) == 0 ? 0 : t.numel() / t.size(0);
+  return !graphs.matvec && runs_on_rows(u.front(), unknowns, config);
 }
 
 NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,

@@ -17,11 +17,20 @@
 
 namespace neml2::detail {
 
-/// Whether tensors like `like` are solved on rows: on the CPU, in double (the precision
-/// NEML2 compiles implicit models in), with `config.row_pass`.
-[[nodiscard]] bool runs_on_rows(const at::Tensor& like, const SolverConfig& config);
-/// ... and a Newton step by a direct solve (no matvec graph).
-[[nodiscard]] bool runs_on_rows(const NewtonGraphs& graphs, const at::Tensor& like,
+/// The most unknowns per row the row pass solves. Its LU (row_lu.hpp, several rows in
+/// SIMD lanes) beats batched LAPACK up to about 64 unknowns and loses beyond (1.5x at 128,
+/// 4x at 300: docs/performance.md); larger systems take the tensor path, whose solve
+/// graph is LAPACK's.
+inline constexpr std::int64_t row_pass_max_unknowns = 64;
+
+/// Whether a system of `unknowns` per row, in tensors like `like`, is solved on rows: on
+/// the CPU, in double (the precision NEML2 compiles implicit models in), at most
+/// row_pass_max_unknowns, with `config.row_pass`.
+[[nodiscard]] bool runs_on_rows(const at::Tensor& like, std::int64_t unknowns,
+                                const SolverConfig& config);
+/// ... for the unknown groups `u` `(B, n)` each, and a Newton step by a direct solve (no
+/// matvec graph).
+[[nodiscard]] bool runs_on_rows(const NewtonGraphs& graphs, const std::vector<at::Tensor>& u,
                                 const SolverConfig& config);
 
 /// newton_solve's contract, on rows (runs_on_rows). Every row that iterates is in the

@@ -190,7 +190,7 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
       const auto& spec = *unknown_spec.at(n);
       state.values[n] = solved.u[g]
                             .narrow(1, offset, spec.var_size)
-                            .reshape(with_rows(state.rows, {&spec.base_shape}));
+                            .reshape(with_rows(state.rows, {&spec.sub_batch_shape, &spec.base_shape}));
       offset += spec.var_size;
     }
   }
