@@ -912,6 +912,13 @@ TEST_CASE("binned unknowns: chunks of 1 and 7, the whole batch, _into and both p
     const auto into = at::full({20, 8}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
     m.forward_into(inputs, {{"number_density", into}});
     test::check_close(into, expected.at("number_density"), "into", 1e-8);
+    // A prepared call: inputs in the model's order, (B, 8) out.
+    const auto call = m.prepare();
+    std::vector<at::Tensor> ordered;
+    for (const auto& name : call.input_names())
+      ordered.push_back(inputs.at(name));
+    test::check_close(call.forward(ordered).at(0), expected.at("number_density"), "prepared",
+                      1e-8);
   }
   const auto greedy = load_model(stub, "model",
                                  GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {7}});

@@ -2,7 +2,9 @@
 // results come from, and its graphs, each checked against metadata.json.
 
 #include <algorithm>
+#include <map>
 #include <thread>
+#include <variant>
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
@@ -122,8 +124,18 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   std::vector<std::int64_t> sub_batch;
   for (const auto& v : a.inputs)
     sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
-  for (const auto& s : m.output_base_shapes)
-    m.forward_slots.push_back({detail::Gather::rows, concat({&sub_batch, &s})});
+  // ... except an implicit segment's unknown, whose own sub-batch shape is in metadata.json
+  // (300 bins, or none beside a sub-batched unknown).
+  std::map<std::string, const Shape*> solved;
+  for (const auto& segment : a.segments)
+    if (const auto* s = std::get_if<ImplicitSegment>(&segment))
+      for (const auto& u : s->unknowns)
+        solved[u.name] = &u.sub_batch_shape;
+  for (std::size_t o = 0; o < a.outputs.size(); ++o) {
+    const auto unknown = solved.find(a.outputs[o].name);
+    const auto* axes = unknown == solved.end() ? &sub_batch : unknown->second;
+    m.forward_slots.push_back({detail::Gather::rows, concat({axes, &m.output_base_shapes[o]})});
+  }
   m.jvp_slots = m.forward_slots;
   m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
   m.jacobian_slots = m.forward_slots;
