@@ -951,3 +951,19 @@ TEST_CASE("binned unknowns: a point's bins do not depend on the points beside it
     on_rows = together;
   }
 }
+
+TEST_CASE("a sub-batched unknown beside a plain one: each output in its own shape, as eager") {
+  // slip_systems: hardening over 12 slip systems and the accumulated slip p, one system per
+  // point. p is (B,) although an input (hardening~1) is sub-batched.
+  const test::Reference ref("slip_systems");
+  const auto m = load_model(test::stub("slip_systems", "model"), "model",
+                            SyncChunking{.device = "cpu", .batch_size = 7});
+  for (int n = 0; n < 5; ++n)
+    test::check_forward(m, ref, step(n), 1e-8);
+  const auto inputs = ref.group("s4/in");
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  const auto hardening = at::full({20, 12}, nan, at::kDouble), p = at::full({20}, nan, at::kDouble);
+  m.forward_into(inputs, {{"hardening", hardening}, {"p", p}});
+  test::check_close(hardening, ref["s4/out/hardening"], "hardening into", 1e-8);
+  test::check_close(p, ref["s4/out/p"], "p into", 1e-8);
+}
