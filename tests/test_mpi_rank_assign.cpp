@@ -342,6 +342,24 @@ TEST_CASE("each rank's rows give exactly what one process gives, in chunks of it
   }
 }
 
+TEST_CASE("a sub-batched unknown across ranks: each rank's points, their bins whole") {
+  // binned_precipitation: 8 bins per point; a chunk and a rank's share split points only.
+  const int rank = world_rank(), size = world_size();
+  constexpr std::int64_t chunk = 3;
+  const test::Reference ref("binned_precipitation");
+  const auto all = ref.group("s5/in");
+  const std::int64_t batch = all.at("T").size(0);
+  const auto [lo, hi] = my_rows(batch, chunk, rank, size);
+  const auto stub = test::stub("binned_precipitation", "model");
+  const auto dispatched =
+      load_model(stub, "model", MPIRankAssign({.devices = {"cpu"}, .batch_sizes = {chunk}}));
+  const auto whole = load_model(stub, "model", SyncChunking{}).forward(all);
+  const auto out = dispatched.forward(rows_of(all, lo, hi));
+  CHECK(out.at("number_density").sizes() == at::IntArrayRef{hi - lo, 8});
+  CHECK(test::identical(out, rows_of(whole, lo, hi)));
+  test::check_close(out, rows_of(ref.group("s5/out"), lo, hi), "forward vs eager", 1e-8);
+}
+
 TEST_CASE("ranks on the CPU share the node's cores; cpu_threads overrides; -1 leaves them") {
   const int rank = world_rank(), size = world_size();
   // ctest launches without binding, so every rank may use every core the job has.
