@@ -952,6 +952,22 @@ TEST_CASE("binned unknowns: a point's bins do not depend on the points beside it
   }
 }
 
+TEST_CASE("a batch where NEML2's shared Newton fails converges here, each point as it is alone") {
+  // A point frozen where its Jacobian is NaN (converged at its first guess) beside a moving
+  // one: eager NEML2 solves each alone, but fails them together, since every point of its
+  // batch takes the batch's Newton steps. Here each point converges, or not, on its own.
+  const test::Reference ref("binned_precipitation");
+  CHECK(ref["mixed/eager_batched_failed"].item<double>() == 1.0);
+  auto s = session("binned_precipitation");
+  for (const bool row_pass : {true, false}) {
+    CAPTURE(row_pass);
+    auto config = s.solver_config();
+    config.row_pass = row_pass;
+    s.set_solver_config(config);
+    test::check_forward(s, ref, "mixed", 1e-8);
+  }
+}
+
 TEST_CASE("a sub-batched unknown beside a plain one: each output in its own shape, as eager") {
   // slip_systems: hardening over 12 slip systems and the accumulated slip p, one system per
   // point. p is (B,) although an input (hardening~1) is sub-batched.

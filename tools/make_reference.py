@@ -29,6 +29,14 @@ loads range from elastic to far past yield. Each row is solved by eager NEML2 on
 With --sub-batch NAME=N, the old state NAME has N sub-batch entries (bins) per row, given
 to eager NEML2 as such; the solved state carries them into the next step.
 
+    make_reference.py binned_precipitation.i --model model --out DIR --mixed-batch ...
+
+After the history, for models/binned_precipitation.i: a point frozen where its Jacobian is
+NaN (T = 0.001, every bin at 0.125) beside a point of the history's last row, solved by
+eager NEML2 each alone and then together (NEML2's Newton shares one convergence test):
+
+  mixed/in/<x>, mixed/out/<y> (each point alone), mixed/eager_batched_failed (1 or 0)
+
     make_reference.py INPUT.i --model NAME --out DIR --line-search
 
 For the scalar backward-Euler model (x + dt x^2 = x~1 + dt a, dt = 10, from initial
@@ -230,6 +238,30 @@ def history_case(store, model, steps, derivatives):
             store.put(f"{case}/out/{name}", previous[name])
         for (out, inp), parts in jacobians.items():
             store.put(f"{case}/jac/{out}/{inp}", torch.cat(parts))
+    return previous
+
+
+FROZEN_DENSITY = 0.125  # where binned_precipitation.i's dissolution term has no derivative
+
+
+def mixed_batch_case(store, model, previous):
+    """A frozen point beside a moving one: each alone, then the two in one eager call."""
+    moving = previous["number_density"][-1:]
+    inputs = {"T": torch.tensor([0.001, 1.0]),
+              "number_density~1": torch.cat([torch.full_like(moving, FROZEN_DENSITY), moving]),
+              "t": torch.full((2,), 1.0), "t~1": torch.full((2,), 0.9)}
+    for name, v in inputs.items():
+        store.put(f"mixed/in/{name}", v)
+    alone = [model.call_by_name(with_sub_batch(model, {n: v[r:r + 1] for n, v in inputs.items()}))
+             for r in range(2)]
+    for name in alone[0]:
+        store.put(f"mixed/out/{name}", torch.cat([raw(a[name]).detach() for a in alone]))
+    try:
+        model.call_by_name(with_sub_batch(model, inputs))
+        failed = 0.0
+    except Exception:  # noqa: BLE001 - eager NEML2's solver error, whatever its type
+        failed = 1.0
+    store.put("mixed/eager_batched_failed", torch.tensor([failed]))
 
 
 # name -> (NEML2 linesearch_type or None, miters, max_linesearch_iterations, cutback, c)
@@ -433,6 +465,9 @@ def main():
                              "all the cases above)")
     parser.add_argument("--history", type=int, metavar="STEPS",
                         help="a load history of STEPS steps (implicit models)")
+    parser.add_argument("--mixed-batch", action="store_true",
+                        help="after the history, a frozen point beside a moving one "
+                             "(binned_precipitation.i)")
     parser.add_argument("--strain-per-step", type=float, default=STRAIN_PER_STEP,
                         help="the largest strain increment of a --history")
     parser.add_argument("--line-search", action="store_true",
@@ -452,7 +487,9 @@ def main():
     if args.history or args.line_search or args.substeps:
         STRAIN_PER_STEP = args.strain_per_step
         if args.history:
-            history_case(store, model, args.history, args.derivatives)
+            previous = history_case(store, model, args.history, args.derivatives)
+            if args.mixed_batch:
+                mixed_batch_case(store, model, previous)
         if args.substeps:
             substep_cases(store, model)
         if args.line_search:
