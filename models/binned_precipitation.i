@@ -3,11 +3,7 @@
 # rate that falls as the precipitated volume grows (so every bin's update depends on every
 # other bin's), with nucleation into the smallest bin; backward Euler in time, Newton with
 # a dense LU per material point. T is a homologous temperature (about 0.5 to 1.5): the
-# mobility is 20 exp(-3 / T). A weak dissolution term, 1e-3 mobility (sqrt|n - 0.125| + eps)^2,
-# has a derivative that is not finite where a bin holds exactly 0.125: a point frozen there
-# (a mobility of exactly 0, T = 0.001) is converged at its first guess, yet its Jacobian is
-# NaN, which fails NEML2's batched Newton for every point beside it
-# (tools/make_reference.py --mixed-batch).
+# mobility is 20 exp(-3 / T).
 
 [Tensors]
   [edges]
@@ -119,30 +115,11 @@
     cell_centers = 'centers'
     dumped_source = 'nucleation_flux'
   []
-  [density_offset]
-    type = ScalarLinearCombination
-    from = 'number_density'
-    to = 'density_offset'
-    weights = '1'
-    offset = -0.125
-  []
-  [dissolution_norm]
-    type = ScalarPNorm
-    from = 'density_offset'
-    to = 'dissolution_norm'
-    exponent = 0.5
-  []
-  [dissolution]
-    type = ScalarMultiplication
-    from = 'mobility dissolution_norm'
-    to = 'dissolution'
-    scaling = 1e-3
-  []
   [density_rate]
     type = ScalarLinearCombination
-    from = 'nucleation_flux flux_div dissolution'
+    from = 'nucleation_flux flux_div'
     to = 'number_density_rate'
-    weights = '1 1 -1'
+    weights = '1 1'
   []
   [integrate]
     type = ScalarBackwardEulerTimeIntegration
@@ -151,8 +128,8 @@
   [rate]
     type = ComposedModel
     models = 'mobility volume_fraction supersaturation growth_rate edge_velocity flux
-              closed_left closed_right divergence nucleation_rate nucleation density_offset
-              dissolution_norm dissolution density_rate integrate'
+              closed_left closed_right divergence nucleation_rate nucleation density_rate
+              integrate'
   []
   [predictor]
     type = ConstantExtrapolationPredictor

@@ -956,9 +956,9 @@ TEST_CASE("a batch where NEML2's shared Newton fails converges here, each point 
   // A point frozen where its Jacobian is NaN (converged at its first guess) beside a moving
   // one: eager NEML2 solves each alone, but fails them together, since every point of its
   // batch takes the batch's Newton steps. Here each point converges, or not, on its own.
-  const test::Reference ref("binned_precipitation");
+  const test::Reference ref("binned_dissolution");
   CHECK(ref["mixed/eager_batched_failed"].item<double>() == 1.0);
-  auto s = session("binned_precipitation");
+  auto s = session("binned_dissolution");
   for (const bool row_pass : {true, false}) {
     CAPTURE(row_pass);
     auto config = s.solver_config();

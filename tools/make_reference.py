@@ -29,9 +29,9 @@ loads range from elastic to far past yield. Each row is solved by eager NEML2 on
 With --sub-batch NAME=N, the old state NAME has N sub-batch entries (bins) per row, given
 to eager NEML2 as such; the solved state carries them into the next step.
 
-    make_reference.py binned_precipitation.i --model model --out DIR --mixed-batch ...
+    make_reference.py binned_dissolution.i --model model --out DIR --mixed-batch ...
 
-After the history, for models/binned_precipitation.i: a point frozen where its Jacobian is
+After the history, for models/binned_dissolution.i: a point frozen where its Jacobian is
 NaN (T = 0.001, every bin at 0.125) beside a point of the history's last row, solved by
 eager NEML2 each alone and then together (NEML2's Newton shares one convergence test):
 
@@ -241,7 +241,7 @@ def history_case(store, model, steps, derivatives):
     return previous
 
 
-FROZEN_DENSITY = 0.125  # where binned_precipitation.i's dissolution term has no derivative
+FROZEN_DENSITY = 0.125  # where binned_dissolution.i's dissolution term has no derivative
 
 
 def mixed_batch_case(store, model, previous):
@@ -467,7 +467,7 @@ def main():
                         help="a load history of STEPS steps (implicit models)")
     parser.add_argument("--mixed-batch", action="store_true",
                         help="after the history, a frozen point beside a moving one "
-                             "(binned_precipitation.i)")
+                             "(binned_dissolution.i)")
     parser.add_argument("--strain-per-step", type=float, default=STRAIN_PER_STEP,
                         help="the largest strain increment of a --history")
     parser.add_argument("--line-search", action="store_true",
