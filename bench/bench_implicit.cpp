@@ -138,8 +138,8 @@ void versus_peer(benchmark::State& state, Runtime runtime, bool chaboche, bool j
   state.counters["row_iterations"] = static_cast<double>(row_iterations);
 }
 
-const auto binned_stub = std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) /
-                         "binned_precipitation" / "model_aoti.i";
+const auto binned_stub =
+    std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "binned_precipitation" / "model_aoti.i";
 
 // A 100-step history from empty bins: one forward call a step, its bins carried on.
 template <class Model>

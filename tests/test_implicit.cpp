@@ -884,8 +884,8 @@ TEST_CASE("a padded call's result that is its input passed through is its own me
 // system.
 
 TEST_CASE("an unknown with a sub-batch axis: read as written, each point solved as eager NEML2") {
-  const auto a = read_artifact(
-      resolve_artifact_root(test::stub("binned_precipitation", "model"), "model"));
+  const auto a =
+      read_artifact(resolve_artifact_root(test::stub("binned_precipitation", "model"), "model"));
   const auto& seg = std::get<ImplicitSegment>(a.segments.front());
   CHECK(seg.unknowns.front().sub_batch_shape == Shape{8});
   CHECK(seg.unknowns.front().base_shape.empty());
@@ -917,11 +917,10 @@ TEST_CASE("binned unknowns: chunks of 1 and 7, the whole batch, _into and both p
     std::vector<at::Tensor> ordered;
     for (const auto& name : call.input_names())
       ordered.push_back(inputs.at(name));
-    test::check_close(call.forward(ordered).at(0), expected.at("number_density"), "prepared",
-                      1e-8);
+    test::check_close(call.forward(ordered).at(0), expected.at("number_density"), "prepared", 1e-8);
   }
-  const auto greedy = load_model(stub, "model",
-                                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {7}});
+  const auto greedy =
+      load_model(stub, "model", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {7}});
   test::check_close(greedy.forward(inputs), expected, "greedy", 1e-8);
 }
 

@@ -479,14 +479,19 @@ TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major b
 TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every unknown group") {
   SolverConfig config;
   const neml2::detail::NewtonGraphs direct;
-  const auto rows_of_width = [](std::int64_t width) { return at::zeros({3, width}, at::kDouble); };
+  const auto groups = [](std::vector<std::int64_t> widths) {
+    std::vector<at::Tensor> u;
+    for (auto w : widths)
+      u.push_back(at::zeros({3, w}, at::kDouble));
+    return u;
+  };
   const auto max = neml2::detail::row_pass_max_unknowns;
-  CHECK(neml2::detail::runs_on_rows(rows_of_width(1), max, config));
-  CHECK_FALSE(neml2::detail::runs_on_rows(rows_of_width(1), max + 1, config));
-  CHECK(neml2::detail::runs_on_rows(direct, {rows_of_width(max - 24), rows_of_width(24)}, config));
-  CHECK_FALSE(neml2::detail::runs_on_rows(direct, {rows_of_width(max - 24), rows_of_width(25)}, config));
+  CHECK(neml2::detail::runs_on_rows(groups({max}), config));
+  CHECK_FALSE(neml2::detail::runs_on_rows(groups({max + 1}), config));
+  CHECK(neml2::detail::runs_on_rows(direct, groups({max - 24, 24}), config));
+  CHECK_FALSE(neml2::detail::runs_on_rows(direct, groups({max - 24, 25}), config));
   // Off the CPU's double, or asked off, whatever the size.
-  CHECK_FALSE(neml2::detail::runs_on_rows(at::zeros({3, 1}, at::kFloat), 1, config));
+  CHECK_FALSE(neml2::detail::runs_on_rows(std::vector{at::zeros({3, 1}, at::kFloat)}, config));
   config.row_pass = false;
-  CHECK_FALSE(neml2::detail::runs_on_rows(rows_of_width(1), 1, config));
+  CHECK_FALSE(neml2::detail::runs_on_rows(groups({1}), config));
 }

@@ -195,9 +195,9 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
     const auto values = detail::numel(v.sub_batch_shape) * detail::numel(v.base_shape);
     if (v.var_size != values)
       r.fail(f + ".var_size",
-             fmt::format("{} for sub_batch_shape [{}] and base_shape [{}] of {} values",
-                         v.var_size, fmt::join(v.sub_batch_shape, ", "),
-                         fmt::join(v.base_shape, ", "), values));
+             fmt::format("{} for sub_batch_shape [{}] and base_shape [{}] of {} values", v.var_size,
+                         fmt::join(v.sub_batch_shape, ", "), fmt::join(v.base_shape, ", "),
+                         values));
     v.role = r.get_or<std::string>(entry, "role", f, "static");
     if (entry.contains("pair") && entry["pair"].is_string())
       v.pair = entry["pair"].get<std::string>();

@@ -9,8 +9,8 @@
 
 #include "implicit/chain_state.hpp"
 #include "implicit/newton_rows.hpp"
-#include "implicit/row_system.hpp"
 #include "implicit/row_ranges.hpp"
+#include "implicit/row_system.hpp"
 #include "implicit/segment_chain.hpp"
 
 namespace neml2::detail {
@@ -177,7 +177,7 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
                                 const std::vector<at::Tensor>& g,
                                 const std::vector<at::Tensor>& params) const {
   const auto args = graph_args(u, g, params);
-  if (runs_on_rows(u.front(), step.unknowns, _config)) {
+  if (runs_on_rows(u, _config)) {
     auto a_blocks = call_for_rows(step.newton.jacobian, args);
     a_blocks.resize(step.a_blocks);
     return ift_pairs(*step.segment,
@@ -194,7 +194,7 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
 std::vector<at::Tensor> SegmentChain::param_sensitivity(const ImplicitStep& step,
                                                         const std::vector<at::Tensor>& per_row,
                                                         const DenseLayout& layout) const {
-  if (!runs_on_rows(per_row.front(), step.unknowns, _config))
+  if (!runs_on_rows(std::span(per_row).first(step.segment->unknown_groups.size()), _config))
     return step.solve_param(step.dr_dparam(per_row));
   const auto operators = call_for_rows(step.dr_dparam, per_row);
   const auto split = operators.begin() + static_cast<std::ptrdiff_t>(step.a_blocks);

@@ -366,17 +366,18 @@ private:
 
 } // namespace
 
-bool runs_on_rows(const at::Tensor& like, std::int64_t unknowns, const SolverConfig& config) {
+bool runs_on_rows(std::span<const at::Tensor> u, const SolverConfig& config) {
+  const auto& like = u.front();
+  std::int64_t unknowns = 0;
+  for (const auto& t : u)
+    unknowns += t.dim() < 2 ? 1 : t.numel() / std::max<std::int64_t>(t.size(0), 1);
   return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble &&
          unknowns <= row_pass_max_unknowns;
 }
 
-bool runs_on_rows(const NewtonGraphs& graphs, const std::vector<at::Tensor>& u,
+bool runs_on_rows(const NewtonGraphs& graphs, std::span<const at::Tensor> u,
                   const SolverConfig& config) {
-  std::int64_t unknowns = 0;
-  for (const auto& t : u)
-    unknowns += t.size(0) == 0 ? 0 : t.numel() / t.size(0);
-  return !graphs.matvec && runs_on_rows(u.front(), unknowns, config);
+  return !graphs.matvec && runs_on_rows(u, config);
 }
 
 NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,

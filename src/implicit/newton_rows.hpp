@@ -7,6 +7,7 @@
 // Private to src/implicit/.
 
 #include <cstddef>
+#include <span>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -23,14 +24,12 @@ namespace neml2::detail {
 /// graph is LAPACK's.
 inline constexpr std::int64_t row_pass_max_unknowns = 64;
 
-/// Whether a system of `unknowns` per row, in tensors like `like`, is solved on rows: on
-/// the CPU, in double (the precision NEML2 compiles implicit models in), at most
-/// row_pass_max_unknowns, with `config.row_pass`.
-[[nodiscard]] bool runs_on_rows(const at::Tensor& like, std::int64_t unknowns,
-                                const SolverConfig& config);
-/// ... for the unknown groups `u` `(B, n)` each, and a Newton step by a direct solve (no
-/// matvec graph).
-[[nodiscard]] bool runs_on_rows(const NewtonGraphs& graphs, const std::vector<at::Tensor>& u,
+/// Whether the unknown groups `u` (`(B, n)` each) are solved on rows: on the CPU, in double
+/// (the precision NEML2 compiles implicit models in), at most row_pass_max_unknowns over
+/// every group, with `config.row_pass`.
+[[nodiscard]] bool runs_on_rows(std::span<const at::Tensor> u, const SolverConfig& config);
+/// ... and a Newton step by a direct solve (no matvec graph).
+[[nodiscard]] bool runs_on_rows(const NewtonGraphs& graphs, std::span<const at::Tensor> u,
                                 const SolverConfig& config);
 
 /// newton_solve's contract, on rows (runs_on_rows). Every row that iterates is in the

@@ -188,9 +188,10 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     std::int64_t offset = 0;
     for (const auto& n : seg.unknown_groups[g].names) {
       const auto& spec = *unknown_spec.at(n);
-      state.values[n] = solved.u[g]
-                            .narrow(1, offset, spec.var_size)
-                            .reshape(with_rows(state.rows, {&spec.sub_batch_shape, &spec.base_shape}));
+      state.values[n] =
+          solved.u[g]
+              .narrow(1, offset, spec.var_size)
+              .reshape(with_rows(state.rows, {&spec.sub_batch_shape, &spec.base_shape}));
       offset += spec.var_size;
     }
   }

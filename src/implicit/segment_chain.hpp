@@ -82,7 +82,6 @@ private:
     std::vector<std::size_t> params;
     std::size_t a_blocks = 0;     // residual groups x unknown groups (of the jacobian graph)
     std::size_t given_blocks = 0; // residual groups x given groups
-    std::int64_t unknowns = 0;    // values per row over every unknown group
     SubstepPlan substeps;
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;
