@@ -144,8 +144,9 @@ def main() -> int:
         if result.returncode != 0 or not any(tmp.glob("*/metadata.json")):
             shutil.rmtree(tmp, ignore_errors=True)
             print(f"neml2-compile failed for {input_file}", file=sys.stderr)
-            return result.returncode
-        print(f"neml2-compile {input_file.name} took {time.monotonic() - start:.0f} s", flush=True)
+            return result.returncode or 1
+        took = time.monotonic() - start
+        print(f"neml2-compile {input_file.name} for {out.name} took {took:.0f} s", flush=True)
         try:
             tmp.rename(entry)
         except OSError:  # another process finished the same entry first
