@@ -490,6 +490,10 @@ TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every un
   CHECK_FALSE(neml2::detail::runs_on_rows(groups({max + 1}), config));
   CHECK(neml2::detail::runs_on_rows(direct, groups({max - 24, 24}), config));
   CHECK_FALSE(neml2::detail::runs_on_rows(direct, groups({max - 24, 25}), config));
+  // Counted per row from the sizes after the batch axis: a sub-batched group, an empty batch.
+  CHECK_FALSE(neml2::detail::runs_on_rows(std::vector{at::zeros({3, 8, 9}, at::kDouble)}, config));
+  CHECK_FALSE(
+      neml2::detail::runs_on_rows(std::vector{at::zeros({0, max + 1}, at::kDouble)}, config));
   // Off the CPU's double, or asked off, whatever the size.
   CHECK_FALSE(neml2::detail::runs_on_rows(std::vector{at::zeros({3, 1}, at::kFloat)}, config));
   config.row_pass = false;

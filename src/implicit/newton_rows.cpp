@@ -368,9 +368,9 @@ private:
 
 bool runs_on_rows(std::span<const at::Tensor> u, const SolverConfig& config) {
   const auto& like = u.front();
-  std::int64_t unknowns = 0;
+  std::int64_t unknowns = 0; // per row: each group's sizes after the batch axis
   for (const auto& t : u)
-    unknowns += t.dim() < 2 ? 1 : t.numel() / std::max<std::int64_t>(t.size(0), 1);
+    unknowns += c10::multiply_integers(t.sizes().slice(std::min<std::int64_t>(t.dim(), 1)));
   return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble &&
          unknowns <= row_pass_max_unknowns;
 }
