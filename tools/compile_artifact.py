@@ -143,7 +143,9 @@ def main() -> int:
                                 env={"TORCHINDUCTOR_COMPILE_THREADS": "1", **os.environ})
         if result.returncode != 0 or not any(tmp.glob("*/metadata.json")):
             shutil.rmtree(tmp, ignore_errors=True)
-            print(f"neml2-compile failed for {input_file}", file=sys.stderr)
+            why = (f"exit status {result.returncode}; its message is above" if result.returncode
+                   else "it exited 0 but wrote no <model>/metadata.json")
+            print(f"neml2-compile failed for {input_file} ({why})", file=sys.stderr)
             return result.returncode or 1
         took = time.monotonic() - start
         print(f"neml2-compile {input_file.name} for {out.name} took {took:.0f} s", flush=True)
