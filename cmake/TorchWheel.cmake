@@ -134,6 +134,16 @@ if(NOT TARGET neml2_dispatch::torch)
   elseif(NEML2_DISPATCH_CUDA)
     set(_with_cuda ON)
   endif()
+  # The CUDA release of the torch linked with its CUDA runner ("" without): what runs this
+  # build needs a torch with CUDA too (the Python module checks it at import).
+  set(NEML2_DISPATCH_TORCH_CUDA "")
+  if(_with_cuda AND EXISTS "${NEML2_DISPATCH_TORCH_DIR}/version.py")
+    file(STRINGS "${NEML2_DISPATCH_TORCH_DIR}/version.py" _cuda_line REGEX "^cuda" LIMIT_COUNT 1)
+    string(REGEX MATCH "[0-9]+\\.[0-9]+" NEML2_DISPATCH_TORCH_CUDA "${_cuda_line}")
+  endif()
+  # Also seen by a project above the one that included this (python/, the wheel's).
+  set(NEML2_DISPATCH_TORCH_VERSION "${NEML2_DISPATCH_TORCH_VERSION}" CACHE INTERNAL "")
+  set(NEML2_DISPATCH_TORCH_CUDA "${NEML2_DISPATCH_TORCH_CUDA}" CACHE INTERNAL "")
 
   # GLOBAL: a project that adds this one with add_subdirectory sees it too.
   add_library(neml2_dispatch::torch INTERFACE IMPORTED GLOBAL)

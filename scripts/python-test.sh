@@ -65,6 +65,10 @@ step "the example: load, dispatch, tune, plot"
   "$build/artifacts/elasticity/elasticity_aoti.i" --batch 65536 --out "$work/dispatch_and_tune.png"
 test -s "$work/dispatch_and_tune.png"
 
+step "the example: a NEML2 input file's driver on NEML2's AOTIModel, then on the dispatcher"
+"$scratch" "$root/python/examples/run_neml2_driver.py" "$build/artifacts/j2_radial_return/model" \
+  --steps 20 --batch 2000
+
 step "the C++ consumer (tests/consumer) against the wheel's package"
 prefix="$("$scratch" -m neml2_dispatch --cmake-prefix)"
 rm -rf "$work/consumer"

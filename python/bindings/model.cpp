@@ -123,21 +123,34 @@ struct Prepared {
   void clear() { owner = py::none(); } // PreparedCall's destructor never reads the model
 };
 
+bool has_dict(PyObject* self) {
+  return Py_TYPE(self)->tp_dictoffset != 0 ||
+         PyType_HasFeature(Py_TYPE(self), Py_TPFLAGS_MANAGED_DICT);
+}
+
 // A class whose objects take part in garbage collection: the collector asks T::traverse
 // for the Python objects one holds and T::clear to drop them (a cycle through them is
-// collected).
+// collected). With py::dynamic_attr, the instance's __dict__ too (pybind11's own
+// traverse and clear, which this replaces, visit only that).
 template <class T>
 py::custom_type_setup collected() {
   return py::custom_type_setup([](PyHeapTypeObject* heap_type) {
     auto* type = &heap_type->ht_type;
     type->tp_flags |= Py_TPFLAGS_HAVE_GC;
     type->tp_traverse = [](PyObject* self, visitproc visit, void* arg) {
-      Py_VISIT(Py_TYPE(self));
+      if (has_dict(self)) {
+        if (const int stop = py::detail::pybind11_traverse(self, visit, arg))
+          return stop; // it visits the type too
+      } else {
+        Py_VISIT(Py_TYPE(self));
+      }
       if (!py::detail::is_holder_constructed(self))
         return 0;
       return py::cast<const T&>(py::handle(self)).traverse(visit, arg);
     };
     type->tp_clear = [](PyObject* self) {
+      if (has_dict(self))
+        py::detail::pybind11_clear(self);
       if (py::detail::is_holder_constructed(self))
         py::cast<T&>(py::handle(self)).clear();
       return 0;
@@ -245,7 +258,9 @@ void bind_model(py::module_& m) {
                     "come out as dicts keyed by name, never copied; the GIL is released "
                     "for the whole of every call.",
                     // A model whose observer or policy refers to the model is collected.
-                    collected<Model>())
+                    // Its __dict__ holds what the operators of _ops.py read (torch.compile
+                    // traces attributes, not C++ calls).
+                    py::dynamic_attr(), collected<Model>())
       .def(
           "forward",
           [](const Model& self, py::object inputs) {

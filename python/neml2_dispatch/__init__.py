@@ -23,9 +23,13 @@ try:  # NEML2 defines the torch operator neml2::opaque_pow when imported, uncond
     # first, NEML2's definition is the one, whichever of the two a program uses next.
     import neml2 as _neml2  # noqa: F401
 except ImportError:
-    pass
+    _neml2 = None
 
-from ._core import (
+from . import _torch_check
+
+_torch_check.check()  # the torch imported is one the module can run with, or ImportError
+
+from ._core import (  # noqa: E402
     AggregateError,
     ChunkEvent,
     ConvergenceError,
@@ -38,10 +42,11 @@ from ._core import (
     SolverConfig,
     SyncChunking,
     __version__,
-    load_model,
     tuned_policy,
 )
-from . import _core
+from . import _core, _ops  # noqa: E402
+
+_ops.install(Model)  # the calls go through torch operators when a graph is wanted
 
 __all__ = [
     "AggregateError", "ChunkEvent", "ConvergenceError", "Error", "FatalError",
@@ -50,7 +55,24 @@ __all__ = [
     "program", "simulate", "tune", "tuned_policy",
 ]
 
+if _neml2 is not None:  # DispatchedAOTIModel, registered with NEML2's factory
+    from .drop_in import DispatchedAOTIModel, dispatch_aoti_models  # noqa: E402, F401
+
+    __all__ += ["DispatchedAOTIModel", "dispatch_aoti_models"]
+
 _HERE = _os.path.dirname(_os.path.abspath(__file__))
+
+
+def load_model(path: "_os.PathLike | str", name: "str | None" = None, policy: "Any" = None,
+               dtype: "_torch.dtype" = _torch.float64) -> Model:
+    """Loads model `name` from a stub (or an artifact root; the name may be left out when
+    the stub holds one model), dispatched by `policy` (default: SyncChunking(), whole
+    batches on the CPU), computing in `dtype`. ``load_model(stub, policy)`` leaves the
+    name out, as in C++."""
+    if name is not None and not isinstance(name, str) and policy is None:
+        name, policy = None, name
+    model = _core.load_model(path, name, policy, dtype)
+    return _ops.register(model, _core._artifact_info_json(path, name))
 
 
 def artifact_info(path, name=None, *, text=False):

@@ -1,0 +1,207 @@
+"""NEML2's own workflows on the dispatcher: ``DispatchedAOTIModel``, a model type registered
+with NEML2's factory that is NEML2's ``AOTIModel`` (the type the stubs ``neml2-compile``
+writes name) run by this library under a policy.
+
+It presents the surface of ``neml2.aoti.AOTIModel`` (it is one: ``input_spec``,
+``output_spec``, the positional typed ``__call__`` NEML2's drivers use, ``jvp``,
+``jacobian``, ``param_jacobian``, ``param_vjp``, ``named_parameters``, ``set_parameter``),
+so ``TransientDriver``, ``TransientRegression`` and ``neml2-run`` drive it unchanged. Its
+calls are those of a :class:`neml2_dispatch.Model`: the GIL released for each, implicit
+models solved per row, results with an autograd graph when an input or a parameter
+requires grad.
+
+One line switches unchanged stubs to it (``type = AOTIModel`` blocks then load as this
+type)::
+
+    nd.dispatch_aoti_models(nd.SyncChunking(batch_size=16384))   # for good
+    with nd.dispatch_aoti_models(policy):                         # or for a block of code
+        driver = neml2.load_input("model_aoti.i").get_driver("driver")
+
+``neml2-run --load neml2_dispatch.switch_aoti_models INPUT DRIVER`` does the same for the
+program. A stub may also name the type, with an optional policy of its own::
+
+    [Models]
+      [model]
+        type = DispatchedAOTIModel
+        artifact_path = 'model'
+        policy = GreedyPriorityCapacity      # or SyncChunking (default)
+        devices = 'cpu cuda:0'
+        batch_sizes = '1024 65536'
+        capacities = '1024 262144'           # GreedyPriorityCapacity only, optional
+        priorities = '1 2'                   # GreedyPriorityCapacity only, optional
+      []
+    []
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import nmhit
+import torch
+from neml2 import factory as _factory
+from neml2.aoti import AOTIModel
+from neml2.schema import HitSchema, option
+from torch import nn
+
+from . import _core
+
+# The policy a switched AOTIModel block gets (None: SyncChunking on the load's device).
+_default_policy: list[Any] = [None]
+
+_POLICY_OPTIONS = ("policy", "devices", "batch_sizes", "capacities", "priorities")
+
+
+class _Runtime:
+    """A dispatched model with the surface of NEML2's bound runtime (``AOTIModel._inner``)."""
+
+    def __init__(self, model: _core.Model) -> None:
+        self.model = model
+        self.device = torch.device(model.device)
+        self.dtype = model.dtype
+        self.input_names = model.input_names
+        self.output_names = model.output_names
+
+    def forward(self, inputs):
+        return self.model.forward(inputs)
+
+    def jvp(self, inputs, tangents, param_overrides=None):
+        _no_overrides(param_overrides)
+        return self.model.jvp(inputs, tangents)
+
+    def jacobian(self, inputs, param_overrides=None):
+        _no_overrides(param_overrides)
+        return self.model.jacobian(inputs)
+
+    def param_jacobian(self, inputs, param_overrides=None):
+        _no_overrides(param_overrides)
+        return self.model.param_jacobian(inputs)
+
+    def param_vjp(self, inputs, cotangents, param_overrides=None):
+        _no_overrides(param_overrides)
+        return self.model.param_vjp(inputs, cotangents)
+
+    def named_parameters(self):
+        return self.model.named_parameters()
+
+    def set_parameter(self, name, value):
+        self.model.set_parameter(name, value)
+
+
+def _no_overrides(overrides) -> None:
+    if overrides:
+        raise _core.FatalError(
+            f"DispatchedAOTIModel: param_overrides ({', '.join(overrides)}) are not supported "
+            "by the dispatcher; set the parameters with set_parameter(name, value) instead")
+
+
+@_factory.register_neml2_object("DispatchedAOTIModel")
+class DispatchedAOTIModel(AOTIModel):
+    """NEML2's ``AOTIModel`` run by neml2_dispatch under a policy (see the module's text).
+
+    ``DispatchedAOTIModel(artifact_root, device=None, dtype=None, policy=None)``: the
+    artifact root ``neml2-compile`` wrote; ``policy`` any policy :func:`load_model` takes
+    (default: ``SyncChunking`` on ``device``, ``"cpu"`` when None); ``dtype`` the
+    ``<dtype>`` leaf (``"float64"`` when None). The dispatched model is ``.model``.
+    """
+
+    # What NEML2's factory accepts in the block (an option it does not list is refused
+    # there); from_hit reads them.
+    hit = HitSchema(
+        AOTIModel.hit.fields[0],  # artifact_path, as NEML2's AOTIModel takes it
+        option("policy", str, "SyncChunking (default) or GreedyPriorityCapacity.",
+               default="SyncChunking"),
+        option("devices", list, "The policy's devices (default: the load's device).",
+               default=[]),
+        option("batch_sizes", list, "Rows per chunk, one per device (default: whole batches).",
+               default=[]),
+        option("capacities", list, "GreedyPriorityCapacity: rows in flight per device.",
+               default=[]),
+        option("priorities", list, "GreedyPriorityCapacity: the order devices are filled in.",
+               default=[]),
+    )
+
+    @classmethod
+    def from_hit(cls, node, factory) -> "DispatchedAOTIModel":
+        given = {child.path().rsplit("/", 1)[-1]
+                 for child in node.children(nmhit.NodeType.Field)}
+        path = Path(node.param_str("artifact_path"))
+        if not path.is_absolute():  # relative to the stub, as neml2-compile writes it
+            path = factory._path.parent / path
+        device = getattr(factory, "_device", None)
+        policy = _policy_from_hit(node, device) if given & set(_POLICY_OPTIONS) else None
+        return cls(path.resolve(), device=device, dtype=getattr(factory, "_dtype", None),
+                   policy=policy)
+
+    def __init__(self, artifact_root, device=None, dtype=None, policy=None) -> None:
+        nn.Module.__init__(self)
+        from . import SyncChunking, load_model
+
+        root = Path(artifact_root)
+        if policy is None:
+            policy = _default_policy[0]
+        if policy is None:
+            policy = SyncChunking(device=str(device) if device is not None else "cpu")
+        dtype = getattr(torch, str(dtype or "float64").replace("torch.", ""))
+        self.model = load_model(root, policy=policy, dtype=dtype)
+        self._inner = _Runtime(self.model)
+        with open(root / "metadata.json") as f:  # checked by load_model already
+            metadata = json.load(f)
+        aliases = metadata.get("boundary_aliases", {})
+        in_alias, out_alias = aliases.get("inputs", {}), aliases.get("outputs", {})
+        self.input_spec = self._spec_from_meta(metadata["inputs"], in_alias)
+        self.output_spec = self._spec_from_meta(metadata["outputs"], out_alias)
+        self.input_sub_batch = {in_alias.get(v["name"], v["name"]):
+                                tuple(v.get("sub_batch_shape", ())) for v in metadata["inputs"]}
+        self.input_labels = {in_alias.get(v["name"], v["name"]):
+                             tuple(v.get("sub_batch_labels", ())) for v in metadata["inputs"]}
+        self.output_labels = {out_alias.get(v["name"], v["name"]):
+                              tuple(v.get("sub_batch_labels", ())) for v in metadata["outputs"]}
+
+
+def _policy_from_hit(node, device) -> Any:
+    from . import GreedyPriorityCapacity, SyncChunking
+
+    def listed(name, convert):
+        if node.find(name) is None:
+            return []
+        return [convert(v) for v in node.param_list_str(name)]
+
+    kind = node.param_optional_str("policy", "SyncChunking")
+    devices = listed("devices", str) or [str(device) if device is not None else "cpu"]
+    batch_sizes = listed("batch_sizes", int)
+    where = f"[{node.fullpath()}]"
+    if kind == "SyncChunking":
+        if len(devices) != 1 or len(batch_sizes) > 1 or node.find("capacities") is not None \
+                or node.find("priorities") is not None:
+            raise _core.FatalError(
+                f"{where}: policy = SyncChunking takes one device and at most one batch "
+                f"size (devices = '{' '.join(devices)}', batch_sizes = "
+                f"'{' '.join(map(str, batch_sizes))}'); for several devices use "
+                "policy = GreedyPriorityCapacity")
+        return SyncChunking(device=devices[0], batch_size=batch_sizes[0] if batch_sizes else 0)
+    if kind == "GreedyPriorityCapacity":
+        return GreedyPriorityCapacity(devices=devices, batch_sizes=batch_sizes,
+                                      capacities=listed("capacities", int),
+                                      priorities=listed("priorities", float))
+    raise _core.FatalError(f"{where}: policy = {kind!r} is not a policy a stub can name; "
+                           "give SyncChunking or GreedyPriorityCapacity")
+
+
+class dispatch_aoti_models:  # noqa: N801  (used as a function)
+    """Makes every ``type = AOTIModel`` block NEML2's factory loads from now on a
+    :class:`DispatchedAOTIModel` under `policy` (None: ``SyncChunking`` on the load's
+    device). As a context manager, only inside the ``with`` block."""
+
+    def __init__(self, policy: Any = None) -> None:
+        self._before = (_factory._registry.get("AOTIModel"), _default_policy[0])
+        _factory._registry["AOTIModel"] = DispatchedAOTIModel
+        _default_policy[0] = policy
+
+    def __enter__(self) -> "dispatch_aoti_models":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _factory._registry["AOTIModel"], _default_policy[0] = self._before

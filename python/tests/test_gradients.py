@@ -1,0 +1,217 @@
+"""Gradients through a dispatched model and torch.compile over it (neml2_dispatch/_ops.py):
+results carry an autograd graph when an input or a parameter requires grad, checked
+against eager NEML2's autograd (explicit), its Jacobians and parameter gradients
+(implicit: J^T g by hand) and torch.autograd.gradcheck (finite differences of the
+model itself); derivatives of derivatives refused; torch.compile(fullgraph=True) and
+torch.export see one operator per call."""
+
+import pytest
+import torch
+
+import neml2_dispatch as nd
+from conftest import check_close, eager, eager_name, raw, scalar_inputs, stub
+
+POLICIES = {
+    "sync": lambda: nd.SyncChunking(batch_size=4),
+    "greedy": lambda: nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[4]),
+}
+
+
+@pytest.fixture(params=POLICIES)
+def policy(request):
+    return POLICIES[request.param]()
+
+
+def strains(rows, seed=0, scale=1e-3):
+    gen = torch.Generator().manual_seed(seed)
+    return scale * torch.randn(rows, 6, generator=gen)
+
+
+def test_no_graph_unless_one_is_wanted():
+    model = nd.load_model(stub("elasticity_params", "elasticity"))
+    strain = strains(5)
+    assert model.forward({"strain": strain})["stress"].grad_fn is None
+    with torch.no_grad():
+        leaf = strain.clone().requires_grad_()
+        assert not model.forward({"strain": leaf})["stress"].requires_grad
+    leaf = strain.clone().requires_grad_()
+    assert model.forward({"strain": leaf})["stress"].grad_fn is not None
+    # A parameter that requires grad is enough.
+    model.named_parameters()["elasticity.E"].requires_grad_()
+    assert model.forward({"strain": strain})["stress"].requires_grad
+
+
+def test_explicit_gradients_match_eager_neml2(policy):
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity", policy)
+    ref = eager("elasticity.i", "elasticity")
+    weights = torch.randn(11, 6, generator=torch.Generator().manual_seed(3))
+    ours_x = strains(11).requires_grad_()
+    params = model.named_parameters()
+    for p in params.values():
+        p.requires_grad_()
+    (model.forward({"strain": ours_x})["stress"] * weights).sum().backward()
+    theirs_x = strains(11).requires_grad_()
+    (raw(ref.call_by_name({"strain": theirs_x})["stress"]) * weights).sum().backward()
+    check_close(ours_x.grad, theirs_x.grad, "d loss / d strain vs eager")
+    named = dict(ref.named_parameters())
+    for name, p in params.items():
+        check_close(p.grad, named[eager_name(ref, name, "elasticity")].grad,
+                    f"d loss / d {name} vs eager")
+
+
+def test_explicit_gradcheck_inputs_and_parameters(policy):
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity", policy)
+    E = model.named_parameters()["elasticity.E"].requires_grad_()
+    x = strains(6).requires_grad_()
+    # The parameter is the model's own tensor: gradcheck perturbs it in place.
+    assert torch.autograd.gradcheck(lambda x, E: model.forward({"strain": x})["stress"], (x, E))
+
+
+def implicit_inputs(model, rows):
+    """A strain step past yield in most rows (perzyna viscoplasticity), old states 0."""
+    inputs = {}
+    for name, shape in zip(model.input_names, model.input_base_shapes):
+        inputs[name] = torch.zeros(rows, *shape)
+    inputs["E"] = 1e-3 * torch.linspace(0.05, 1.0, rows)[:, None] * \
+        torch.tensor([1.0, -0.5, -0.5, 0.1, 0.0, 0.0])
+    inputs["t"] = torch.full((rows,), 0.1)
+    return inputs
+
+
+def test_implicit_gradients_are_jacobian_transposed(policy):
+    model = nd.load_model(stub("perzyna_viscoplasticity", "model"), "model", policy)
+    ref = eager("perzyna_viscoplasticity.i", "model")
+    inputs = implicit_inputs(model, 9)
+    leaves = {n: (t.clone().requires_grad_() if n in ("E", "E~1", "stress~1") else t)
+              for n, t in inputs.items()}
+    out = model.forward(leaves)
+    gen = torch.Generator().manual_seed(5)
+    weights = {n: torch.randn(v.shape, generator=gen) for n, v in out.items()}
+    sum((out[n] * weights[n]).sum() for n in out).backward()
+    _, J = ref.jacobian(inputs)  # eager NEML2's implicit-function Jacobian
+    for name in ("E", "E~1", "stress~1"):
+        expected = sum(torch.einsum("bi,bij->bj", weights[o].reshape(9, -1),
+                                    raw(J[o][name]).reshape(9, weights[o][0].numel(), -1))
+                       for o in out)
+        check_close(leaves[name].grad, expected.reshape(leaves[name].shape),
+                    f"d loss / d {name} vs eager J^T w", rtol=1e-7)
+
+
+def test_implicit_gradcheck():
+    model = nd.load_model(stub("perzyna_viscoplasticity", "model"), "model",
+                          nd.SyncChunking(batch_size=2))
+    # Finite differences of a Newton solve are as good as its convergence: solve tightly.
+    config = model.solver_config()
+    config.rtol, config.atol = 1e-14, 1e-12
+    model.set_solver_config(config)
+    inputs = implicit_inputs(model, 3)
+    x = inputs.pop("E").requires_grad_()
+    # Row 0 sits just past yield, where the stress bends sharply: a central difference
+    # needs a step of 1e-8 (1e-5 of the strain) to come within 1e-6 of the derivative.
+    assert torch.autograd.gradcheck(
+        lambda x: model.forward({**inputs, "E": x})["stress"], (x,), eps=1e-8, atol=1e-3,
+        rtol=1e-6)
+
+
+def test_implicit_parameter_gradient_matches_eager_param_vjp():
+    model = nd.load_model(stub("scalar_backward_euler_params", "model"))
+    scaling = model.named_parameters()["residual.square.scaling"].requires_grad_()
+    inputs = scalar_inputs(torch.linspace(0.1, 2.0, 7))
+    out = model.forward(inputs)
+    cot = {"x": torch.linspace(1.0, 2.0, 7)}
+    (out["x"] * cot["x"]).sum().backward()
+    expected = model._param_vjp(inputs, cot)["residual.square.scaling"]
+    check_close(scaling.grad, expected, "d loss / d scaling vs param_vjp")
+    ref = eager("scalar_backward_euler.i", "model")
+    name = eager_name(ref, "residual.square.scaling", "model")
+    check_close(scaling.grad, ref.param_vjp(inputs, cot, [name])[name],
+                "d loss / d scaling vs eager param_vjp", rtol=1e-8)
+    assert torch.autograd.gradcheck(lambda s: model.forward(inputs)["x"], (scaling,))
+
+
+def test_every_call_through_its_operator_gives_the_librarys_results():
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity",
+                          nd.SyncChunking(batch_size=3))
+    x = strains(7)
+    leaf = x.clone().requires_grad_()
+    cot = {"stress": torch.randn(7, 6, generator=torch.Generator().manual_seed(1))}
+    tan = {"strain": torch.ones(7, 6)}
+    for call, args, direct_args in [
+            ("forward", ({"strain": leaf},), ({"strain": x},)),
+            ("jvp", ({"strain": leaf}, tan), ({"strain": x}, tan)),
+            ("jacobian", ({"strain": leaf},), ({"strain": x},)),
+            ("param_jacobian", ({"strain": leaf},), ({"strain": x},)),
+            ("param_vjp", ({"strain": leaf}, cot), ({"strain": x}, cot))]:
+        through = _flatten(getattr(model, call)(*args))
+        direct = _flatten(getattr(model, "_" + call)(*direct_args))
+        assert through.keys() == direct.keys(), call
+        assert any(t.grad_fn is not None for t in through.values()), call
+        for key, value in direct.items():  # blocks the library gives unbatched: expanded
+            check_close(through[key], value.expand_as(through[key]), f"{call} {key}", rtol=0)
+
+
+def _flatten(value, prefix=""):
+    if isinstance(value, torch.Tensor):
+        return {prefix: value}
+    items = value.items() if isinstance(value, dict) else enumerate(value)
+    return {k: v for key, item in items for k, v in _flatten(item, f"{prefix}/{key}").items()}
+
+
+def test_derivative_results_refuse_second_derivatives():
+    model = nd.load_model(stub("elasticity_params", "elasticity"))
+    x = strains(4).requires_grad_()
+    out, J = model.jacobian({"strain": x})
+    # The outputs of a derivative call are differentiable...
+    out["stress"].sum().backward()
+    expected = strains(4).requires_grad_()
+    model.forward({"strain": expected})["stress"].sum().backward()
+    check_close(x.grad, expected.grad, "through jacobian()'s outputs")
+    # ...its derivatives are not.
+    with pytest.raises(nd.FatalError, match="second derivatives"):
+        J["stress"]["strain"].sum().backward()
+    _, d = model.jvp({"strain": x}, {"strain": torch.ones(4, 6)})
+    with pytest.raises(nd.FatalError, match="second derivatives"):
+        d["stress"].sum().backward()
+    y = strains(4).requires_grad_()
+    (g,) = torch.autograd.grad(model.forward({"strain": y})["stress"].pow(2).sum(), y,
+                               create_graph=True)
+    with pytest.raises(nd.FatalError, match="second derivatives"):
+        g.sum().backward()
+
+
+def test_torch_compile_traces_one_operator(policy):
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity", policy)
+    calls = []
+
+    def backend(graph, example_inputs):
+        calls.append([str(n.target) for n in graph.graph.nodes if n.op == "call_function"])
+        return graph.forward
+
+    def f(x):
+        return (2 * model.forward({"strain": x})["stress"]).sum(-1)
+
+    compiled = torch.compile(f, backend=backend, fullgraph=True)
+    x = strains(10)
+    check_close(compiled(x), f(x), "compiled forward")
+    assert any("neml2_dispatch.forward" in t for t in calls[0]), calls
+    # Inductor, and gradients through the compiled function (AOTAutograd traces backward).
+    full = torch.compile(f, fullgraph=True)
+    y = strains(10).requires_grad_()
+    full(y).sum().backward()
+    expected = strains(10).requires_grad_()
+    f(expected).sum().backward()
+    check_close(y.grad, expected.grad, "gradient through torch.compile")
+
+
+def test_torch_export_sees_the_operator():
+    model = nd.load_model(stub("elasticity_params", "elasticity"))
+
+    class Host(torch.nn.Module):
+        def forward(self, x):
+            return model.forward({"strain": x})["stress"] + 1
+
+    x = strains(8)
+    exported = torch.export.export(Host(), (x,), strict=False)
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    assert any("neml2_dispatch.forward" in t for t in targets), targets
+    check_close(exported.module()(x), Host()(x), "exported forward")
