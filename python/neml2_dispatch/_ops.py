@@ -55,6 +55,11 @@ class OpInfo:
     jacobian_pairs: tuple[tuple[int, int], ...] = ()
     param_pairs: tuple[tuple[int, int], ...] = ()
 
+    @property
+    def vjp_params(self) -> tuple[int, ...]:
+        """The parameters param_vjp gives a gradient of: those of a compiled pair."""
+        return tuple(sorted({p for _, p in self.param_pairs}))
+
 
 def register(model: "_core.Model", info_json: str) -> "_core.Model":
     """Gives a freshly loaded model its handle and ``model._op`` (from ``artifact_info``)."""
@@ -191,7 +196,8 @@ def param_vjp(model, inputs, cotangents):
         return model._param_vjp(inputs, cotangents)
     res = torch.ops.neml2_dispatch.param_vjp(op.handle, ins, cot[0], cot[1],
                                               list(op.params.values()))
-    return dict(zip(op.params, res))
+    names = tuple(op.params)
+    return {names[j]: g for j, g in zip(op.vjp_params, res)}
 
 
 # ---- the operators --------------------------------------------------------------------
@@ -201,20 +207,21 @@ def _named(op: OpInfo, ins):
     return dict(zip(op.inputs, ins))
 
 
-def _batched(block: torch.Tensor, batch: int, dims: int) -> torch.Tensor:
-    """A block with the batch axis (one the graph returned unbatched, expanded)."""
-    return block if block.dim() > dims else block.expand(batch, *block.shape)
+def _batched(block: torch.Tensor, batch: list, dims: int) -> torch.Tensor:
+    """A block with the batch axes of the inputs (one the graph returned unbatched,
+    expanded)."""
+    return block if block.dim() > dims else block.expand(*batch, *block.shape)
+
+
+def _dense(tensors) -> list[torch.Tensor]:
+    """An operator's results as its fake implementation describes them: contiguous."""
+    return [t.contiguous() for t in tensors]
 
 
 def _batch_shape(op: OpInfo, ins) -> list:
     """The batch shape the inputs broadcast to (each input is (*batch, *base))."""
     shapes = [t.shape[: t.dim() - len(base)] for t, base in zip(ins, op.input_shapes)]
     return list(torch.broadcast_shapes(*shapes))
-
-
-def _rows(op: OpInfo, ins):
-    batch = _batch_shape(op, ins)
-    return batch[0] if batch else 1
 
 
 def _results(op: OpInfo, ins, shapes):
@@ -227,7 +234,7 @@ def _results(op: OpInfo, ins, shapes):
 def _forward_op(model: str, inputs: list[torch.Tensor],
                 params: list[torch.Tensor]) -> list[torch.Tensor]:
     m = _model(model)
-    return list(m._forward(_named(m._op, inputs)).values())
+    return _dense(m._forward(_named(m._op, inputs)).values())
 
 
 @_forward_op.register_fake
@@ -242,7 +249,7 @@ def _jvp_op(model: str, inputs: list[torch.Tensor], tangent_index: list[int],
     m = _model(model)
     op = m._op
     out, d = m._jvp(_named(op, inputs), {op.inputs[i]: t for i, t in zip(tangent_index, tangents)})
-    return [*out.values(), *(d[name] for name in op.outputs)]
+    return _dense([*out.values(), *(d[name] for name in op.outputs)])
 
 
 @_jvp_op.register_fake
@@ -262,10 +269,10 @@ def _layout(op: OpInfo, of_params: bool):
 def _flat(op: OpInfo, inputs, out, blocks, of_params):
     """Outputs, then every block in the layout's order, each with the batch axis."""
     pairs, names, shapes = _layout(op, of_params)
-    rows = _rows(op, inputs)
-    return [*out.values(), *(
-        _batched(blocks[op.outputs[o]][names[w]], rows, len(op.output_shapes[o]) + len(shapes[w]))
-        for o, w in pairs)]
+    batch = _batch_shape(op, inputs)
+    return _dense([*out.values(), *(
+        _batched(blocks[op.outputs[o]][names[w]], batch, len(op.output_shapes[o]) + len(shapes[w]))
+        for o, w in pairs)])
 
 
 def _fake_flat(op: OpInfo, inputs, of_params):
@@ -303,14 +310,15 @@ def _param_vjp_op(model: str, inputs: list[torch.Tensor], cotangent_index: list[
     op = m._op
     grads = m._param_vjp(_named(op, inputs),
                          {op.outputs[o]: c for o, c in zip(cotangent_index, cotangents)})
-    # A parameter whose derivatives were not compiled, or that no cotangent reaches: zero.
-    return [grads[name] if name in grads else torch.zeros_like(p)
-            for name, p in zip(op.params, params)]
+    names = tuple(op.params)
+    # A parameter that none of the given cotangents reaches through a compiled pair: zero.
+    return _dense(grads[names[j]] if names[j] in grads else torch.zeros_like(params[j])
+                  for j in op.vjp_params)
 
 
 @_param_vjp_op.register_fake
 def _(model, inputs, cotangent_index, cotangents, params):
-    return [torch.empty_like(p) for p in params]
+    return [torch.empty_like(params[j]) for j in _model(model)._op.vjp_params]
 
 
 # ---- autograd -----------------------------------------------------------------------
@@ -338,26 +346,37 @@ def _through_outputs(ctx, out_grads):
     if any(ctx.input_needs) and given:
         res = torch.ops.neml2_dispatch.jacobian(ctx.model, ins, params)
         blocks = dict(zip(op.jacobian_pairs, res[len(op.outputs):]))
-        rows = _rows(op, ins)
+        batch = _batch_shape(op, ins)  # (B,) or (B, *sub-batch), () unbatched
+        rows = _numel(batch)
         for i, x in enumerate(ins):
             if not ctx.input_needs[i]:
                 continue
             for o in given:
                 if (o, i) not in blocks:
-                    raise _core.FatalError(
-                        f"no gradient of '{op.outputs[o]}' with respect to input "
-                        f"'{op.inputs[i]}': the artifact has no derivative graph for that "
-                        f"pair; recompile it with neml2-compile -d {op.outputs[o]}:{op.inputs[i]}")
+                    raise _missing_pair(op.outputs[o], "input", op.inputs[i])
                 n_out = _numel(op.output_shapes[o])
-                g = out_grads[o].expand(rows, *op.output_shapes[o]).reshape(rows, 1, n_out)
+                g = out_grads[o].expand(*batch, *op.output_shapes[o]).reshape(rows, 1, n_out)
                 J = blocks[(o, i)].reshape(rows, n_out, -1)
-                part = torch.bmm(g, J).reshape(rows, *op.input_shapes[i]).sum_to_size(x.shape)
+                part = torch.bmm(g, J).reshape(*batch, *op.input_shapes[i]).sum_to_size(x.shape)
                 in_grads[i] = part if in_grads[i] is None else in_grads[i] + part
     if any(ctx.param_needs) and given:
+        names = tuple(op.params)
+        for j, need in enumerate(ctx.param_needs):
+            for o in given:
+                if need and (o, j) not in op.param_pairs:
+                    raise _missing_pair(op.outputs[o], "parameter", names[j])
         grads = torch.ops.neml2_dispatch.param_vjp(ctx.model, ins, given,
                                                   [out_grads[o] for o in given], params)
-        param_grads = [g if need else None for g, need in zip(grads, ctx.param_needs)]
+        for j, g in zip(op.vjp_params, grads):
+            param_grads[j] = g if ctx.param_needs[j] else None
     return in_grads, param_grads
+
+
+def _missing_pair(output: str, kind: str, name: str) -> Exception:
+    return _core.FatalError(
+        f"no gradient of '{output}' with respect to {kind} '{name}': the artifact has no "
+        f"derivative graph for that pair; recompile it with neml2-compile -d {output}:{name}"
+        + (f" -p {name}" if kind == "parameter" else ""))
 
 
 def _numel(shape) -> int:

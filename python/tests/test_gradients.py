@@ -215,3 +215,59 @@ def test_torch_export_sees_the_operator():
     targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
     assert any("neml2_dispatch.forward" in t for t in targets), targets
     check_close(exported.module()(x), Host()(x), "exported forward")
+
+
+@pytest.mark.parametrize("case, shape", [
+    (("elasticity_params", "elasticity"), (5, 6)),
+    (("elasticity_params", "elasticity"), (6,)),       # unbatched
+    (("elasticity_subbatch", "elasticity"), (4, 3, 6)),  # a sub-batch axis
+])
+def test_operators_pass_torch_opcheck(case, shape):
+    """torch's own check of a custom operator: schema, autograd registration, the fake
+    implementation against the real one (shapes, strides), AOTAutograd."""
+    model = nd.load_model(stub(*case))
+    op = model._op
+    x = 1e-3 * torch.randn(shape, generator=torch.Generator().manual_seed(2))
+    params = list(op.params.values())
+    ops = torch.ops.neml2_dispatch
+    cot = [torch.ones(shape)]
+    calls = [(ops.forward, (op.handle, [x], params)),
+             (ops.jvp, (op.handle, [x], [0], [torch.ones(shape)], params)),
+             (ops.jacobian, (op.handle, [x], params))]
+    if params:  # (an artifact without parameters has no parameter graphs)
+        calls += [(ops.param_jacobian, (op.handle, [x], params)),
+                  (ops.param_vjp, (op.handle, [x], [0], cot, params))]
+    for call, args in calls:
+        torch.library.opcheck(call.default, args)
+
+
+def test_sub_batch_gradients_and_compile():
+    model = nd.load_model(stub("elasticity_subbatch", "elasticity"))
+    x = (1e-3 * torch.randn(4, 3, 6, generator=torch.Generator().manual_seed(4))).requires_grad_()
+    assert torch.autograd.gradcheck(lambda x: model.forward({"strain": x})["stress"], (x,))
+    compiled = torch.compile(lambda x: model.jacobian({"strain": x})[1]["stress"]["strain"],
+                             fullgraph=True)
+    expected = model._jacobian({"strain": x.detach()})[1]["stress"]["strain"]
+    check_close(compiled(x.detach()), expected, "compiled sub-batch Jacobian", rtol=0)
+
+
+def test_a_parameter_without_its_derivative_graph_is_refused():
+    """elasticity_renamed promotes E (as youngs_modulus) without -d sig:youngs_modulus:
+    its gradient is an error that says how to compile it, never a silent zero."""
+    from conftest import artifact_root
+
+    model = nd.load_model(artifact_root("elasticity_renamed", "elasticity"))
+    model.named_parameters()["youngs_modulus"].requires_grad_()
+    out = model.forward({"eps": strains(3)})["sig"]
+    with pytest.raises(nd.FatalError, match="-d sig:youngs_modulus -p youngs_modulus"):
+        out.sum().backward()
+
+
+def test_an_implicit_models_operators_pass_torch_opcheck():
+    model = nd.load_model(stub("perzyna_viscoplasticity", "model"))
+    op = model._op
+    inputs = implicit_inputs(model, 4)
+    ins = [inputs[n] for n in op.inputs]
+    for call, args in [(torch.ops.neml2_dispatch.forward, (op.handle, ins, [])),
+                       (torch.ops.neml2_dispatch.jacobian, (op.handle, ins, []))]:
+        torch.library.opcheck(call.default, args)
