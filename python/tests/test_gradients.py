@@ -271,3 +271,29 @@ def test_an_implicit_models_operators_pass_torch_opcheck():
     for call, args in [(torch.ops.neml2_dispatch.forward, (op.handle, ins, [])),
                        (torch.ops.neml2_dispatch.jacobian, (op.handle, ins, []))]:
         torch.library.opcheck(call.default, args)
+
+
+def test_errors_through_an_operator_are_the_librarys():
+    """A call through its operator fails as the library's call does: an observer's
+    KeyboardInterrupt is still one, its other exceptions a FatalError; then it runs."""
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity",
+                          nd.SyncChunking(batch_size=4))
+    x = strains(16).requires_grad_()
+
+    def interrupt(event):
+        raise KeyboardInterrupt("stop")
+
+    def fail(event):
+        raise ValueError("bad")
+
+    model.set_observer(interrupt)
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        model.forward({"strain": x})
+    model.set_observer(fail)
+    with pytest.raises(nd.FatalError, match="ValueError: bad"):
+        model.forward({"strain": x})
+    model.set_observer(None)
+    model.forward({"strain": x})["stress"].sum().backward()
+    assert x.grad is not None
+    with pytest.raises(nd.FatalError, match="unknown input 'strains'"):
+        model.forward({"strains": x})
