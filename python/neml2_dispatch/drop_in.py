@@ -161,6 +161,22 @@ class DispatchedAOTIModel(AOTIModel):
                               tuple(v.get("sub_batch_labels", ())) for v in metadata["outputs"]}
 
 
+    def _broadcast_to_common_batch(self, raw_inputs, per_input_sub_ndim):
+        """NEML2's broadcast of the inputs to one batch shape, without its copies where the
+        library needs none: when every input has the same batch axes, or none (and no
+        sub-batch axes: the library broadcasts such an input over the batch itself), the
+        inputs pass as they are. Otherwise NEML2's (expanded, copied)."""
+        shapes = set()
+        for name, t in raw_inputs.items():
+            sub = per_input_sub_ndim[name]
+            batch = tuple(t.shape[: t.dim() - self.input_spec[name].BASE_NDIM - sub])
+            if batch or sub:
+                shapes.add(batch)
+        if len(shapes) > 1 or () in shapes:
+            return super()._broadcast_to_common_batch(raw_inputs, per_input_sub_ndim)
+        return dict(raw_inputs), torch.Size(next(iter(shapes), ()))
+
+
 def _policy_from_hit(node, device) -> Any:
     from . import GreedyPriorityCapacity, SyncChunking
 
