@@ -86,9 +86,22 @@ def assert_same_history(actual: dict, expected: dict, rtol: float, what: str) ->
         assert error <= rtol, f"{what} {key}: relative error {error:.3g}"
 
 
+class Every16:
+    """A synchronous policy written in Python."""
+    dispatch_mode = "synchronous"
+    devices = ["cpu"]
+
+    def compute_device(self):
+        return "cpu"
+
+    def chunk_rows(self, batch):
+        return 16
+
+
 POLICIES = {
     "sync": lambda: nd.SyncChunking(batch_size=16),
     "greedy": lambda: nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[16]),
+    "python": Every16,
 }
 
 
