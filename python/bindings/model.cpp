@@ -423,6 +423,26 @@ void bind_model(py::module_& m) {
           },
           "Each promoted parameter's base shape, by name.")
       .def_property_readonly(
+          "_derivative_pairs",
+          [](const Model& self) {
+            const auto& a = self.model.artifact();
+            const auto public_name = [](const auto& specs, const std::string& name) {
+              for (const auto& s : specs)
+                if (s.name == name)
+                  return s.public_name;
+              return name;
+            };
+            py::list inputs, parameters;
+            for (const auto& [o, i] : a.derivatives)
+              inputs.append(py::make_tuple(public_name(a.outputs, o), public_name(a.inputs, i)));
+            for (const auto& [o, p] : a.parameter_derivatives)
+              parameters.append(
+                  py::make_tuple(public_name(a.outputs, o), public_name(a.parameters, p)));
+            return py::make_tuple(inputs, parameters);
+          },
+          "The (output, input) and (output, parameter) pairs the artifact has derivatives "
+          "of, by the names callers use (for the operators of _ops.py).")
+      .def_property_readonly(
           "device", [](const Model& self) { return self.model.device().str(); },
           "The first listed device, resolved.")
       .def_property_readonly(

@@ -69,10 +69,7 @@ def load_model(path: "_os.PathLike | str", name: "str | None" = None, policy: "A
     the stub holds one model), dispatched by `policy` (default: SyncChunking(), whole
     batches on the CPU), computing in `dtype`. ``load_model(stub, policy)`` leaves the
     name out, as in C++."""
-    if name is not None and not isinstance(name, str) and policy is None:
-        name, policy = None, name
-    model = _core.load_model(path, name, policy, dtype)
-    return _ops.register(model, _core._artifact_info_json(path, name))
+    return _ops.register(_core.load_model(path, name, policy, dtype))
 
 
 def artifact_info(path, name=None, *, text=False):

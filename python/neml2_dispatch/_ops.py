@@ -24,7 +24,7 @@ plain Python object that Dynamo can trace.
 from __future__ import annotations
 
 import itertools
-import json
+import math
 import weakref
 from dataclasses import dataclass, field
 
@@ -61,16 +61,16 @@ class OpInfo:
         return tuple(sorted({p for _, p in self.param_pairs}))
 
 
-def register(model: "_core.Model", info_json: str) -> "_core.Model":
-    """Gives a freshly loaded model its handle and ``model._op`` (from ``artifact_info``)."""
+def register(model: "_core.Model") -> "_core.Model":
+    """Gives a freshly loaded model its handle and ``model._op``."""
     handle = str(next(_handles))  # a str: a constant Dynamo never makes symbolic
-    info = json.loads(info_json)
+    input_pairs, parameter_pairs = model._derivative_pairs
     inputs = tuple(model.input_names)
     outputs = tuple(model.output_names)
     params = dict(model.named_parameters())
     pshapes = model.parameter_base_shapes
-    pairs = _pairs(info, "derivatives", outputs, inputs)
-    ppairs = _pairs(info, "parameter_derivatives", outputs, tuple(params))
+    pairs = _pairs(input_pairs, outputs, inputs)
+    ppairs = _pairs(parameter_pairs, outputs, tuple(params))
     model._op = OpInfo(handle, inputs, outputs, tuple(map(tuple, model.input_base_shapes)),
                        tuple(map(tuple, model.output_base_shapes)),
                        tuple(tuple(pshapes[p]) for p in params), params, pairs, ppairs)
@@ -78,12 +78,9 @@ def register(model: "_core.Model", info_json: str) -> "_core.Model":
     return model
 
 
-def _pairs(info, key, outputs, wrt):
-    """Index pairs of the derivative blocks the artifact compiled ([output, of] pairs in
-    ``artifact_info``), in (output, of) order."""
-    found = {(outputs.index(out), wrt.index(of)) for out, of in info.get(key, [])
-             if out in outputs and of in wrt}
-    return tuple(sorted(found))
+def _pairs(named, outputs, wrt):
+    """Index pairs of the derivative blocks the artifact compiled, in (output, of) order."""
+    return tuple(sorted({(outputs.index(out), wrt.index(of)) for out, of in named}))
 
 
 def _model(handle: str) -> "_core.Model":
@@ -347,14 +344,14 @@ def _through_outputs(ctx, out_grads):
         res = torch.ops.neml2_dispatch.jacobian(ctx.model, ins, params)
         blocks = dict(zip(op.jacobian_pairs, res[len(op.outputs):]))
         batch = _batch_shape(op, ins)  # (B,) or (B, *sub-batch), () unbatched
-        rows = _numel(batch)
+        rows = math.prod(batch)
         for i, x in enumerate(ins):
             if not ctx.input_needs[i]:
                 continue
             for o in given:
                 if (o, i) not in blocks:
                     raise _missing_pair(op.outputs[o], "input", op.inputs[i])
-                n_out = _numel(op.output_shapes[o])
+                n_out = math.prod(op.output_shapes[o])
                 g = out_grads[o].expand(*batch, *op.output_shapes[o]).reshape(rows, 1, n_out)
                 J = blocks[(o, i)].reshape(rows, n_out, -1)
                 part = torch.bmm(g, J).reshape(*batch, *op.input_shapes[i]).sum_to_size(x.shape)
@@ -377,13 +374,6 @@ def _missing_pair(output: str, kind: str, name: str) -> Exception:
         f"no gradient of '{output}' with respect to {kind} '{name}': the artifact has no "
         f"derivative graph for that pair; recompile it with neml2-compile -d {output}:{name}"
         + (f" -p {name}" if kind == "parameter" else ""))
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _no_second_derivatives(what: str, out_grads, n_outputs: int) -> None:
