@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-# name: (artifact, model block, NEML2 input file, strain input, peak strain): an explicit
+# name: (artifact, model block, strain input, peak strain): an explicit
 # model, the rate-independent J2 radial return and Perzyna viscoplasticity (implicit).
 CASES = {
     "elasticity": (("elasticity", "elasticity"), "elasticity", "strain", 0.01),
@@ -25,33 +25,9 @@ CASES = {
     "perzyna_viscoplasticity": (("perzyna_viscoplasticity", "model"), "model", "E", 0.005),
 }
 
-INPUT = """
-[Models]
-  [{block}]
-    type = AOTIModel
-    artifact_path = '{root}'
-  []
-[]
-[Tensors]
-  [times]
-    type = Python
-    expr = 'Scalar(torch.linspace(0, 1, {steps}).unsqueeze(-1).expand({steps}, {batch}).contiguous())'
-  []
-  [strains]
-    type = Python
-    expr = 'SR2(torch.linspace(0, 1, {steps}).view({steps}, 1, 1) * {peak} * torch.tensor([1.0, -0.4, -0.3, 0.2, 0.0, 0.1]) * torch.linspace(0.2, 1.0, {batch}).view(1, {batch}, 1))'
-  []
-[]
-[Drivers]
-  [driver]
-    type = TransientDriver
-    model = '{block}'
-    prescribed_time = 'times'
-    prescribed_SR2_names = '{strain}'
-    prescribed_SR2_values = 'strains'
-  []
-[]
-"""
+# The input file (model, strain history, TransientDriver): the example's.
+sys.path.insert(0, str(ROOT / "python" / "examples"))
+from run_neml2_driver import INPUT  # noqa: E402
 
 
 def measure(case, batch, steps, repeats, artifacts):

@@ -20,9 +20,10 @@ import torch
 
 import neml2_dispatch as nd
 
+# The input file: {block} the model's name in it, {peak} the largest strain of the history.
 INPUT = """
 [Models]
-  [model]
+  [{block}]
     type = AOTIModel
     artifact_path = '{root}'
   []
@@ -34,13 +35,13 @@ INPUT = """
   []
   [strains]
     type = Python
-    expr = 'SR2(torch.linspace(0, 1, {steps}).view({steps}, 1, 1) * 0.03 * torch.tensor([1.0, -0.4, -0.3, 0.2, 0.0, 0.1]) * torch.linspace(0.2, 1.0, {batch}).view(1, {batch}, 1))'
+    expr = 'SR2(torch.linspace(0, 1, {steps}).view({steps}, 1, 1) * {peak} * torch.tensor([1.0, -0.4, -0.3, 0.2, 0.0, 0.1]) * torch.linspace(0.2, 1.0, {batch}).view(1, {batch}, 1))'
   []
 []
 [Drivers]
   [driver]
     type = TransientDriver
-    model = 'model'
+    model = '{block}'
     prescribed_time = 'times'
     prescribed_SR2_names = '{strain}'
     prescribed_SR2_values = 'strains'
@@ -70,8 +71,8 @@ def main() -> int:
     torch.set_default_dtype(torch.float64)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "history.i"
-        path.write_text(INPUT.format(root=args.artifact.resolve(), steps=args.steps,
-                                     batch=args.batch, strain=args.strain))
+        path.write_text(INPUT.format(block="model", root=args.artifact.resolve(), peak=0.03,
+                                     steps=args.steps, batch=args.batch, strain=args.strain))
         run(path)  # once untimed: the first run of a process imports what torch lazily needs
         theirs_seconds, theirs = run(path)
         with nd.dispatch_aoti_models(nd.SyncChunking(batch_size=16384)):  # the one line
