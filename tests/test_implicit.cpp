@@ -14,10 +14,13 @@
 #include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
+#include "scalar_model.hpp"
 
 using namespace neml2;
 using test::contains;
 using test::convergence_error;
+using test::scalar_bisected;
+using test::scalar_root;
 
 namespace {
 
@@ -72,43 +75,6 @@ void check_block(const at::Tensor& actual, const at::Tensor& expected, const std
   const auto scale = std::max(expected.abs().max().item<double>(), floor);
   const auto error = (actual - expected).abs().max().item<double>() / scale;
   CHECK_MESSAGE(error <= 1e-8, "relative error " << error);
-}
-
-// The scalar model's step x + h x^2 = x~1 + h a in closed form: the root Newton reaches
-// from x~1, or none when the step has no real root.
-std::optional<double> scalar_root(double x_old, double h, double a) {
-  const double d = 1 + 4 * h * (x_old + h * a);
-  if (d < 0)
-    return std::nullopt;
-  return (std::sqrt(d) - 1) / (2 * h);
-}
-
-// NEML2's adaptive bisection of one step in closed form: a span with no root is halved
-// (down to 2^-levels of the step), after a span converges the next is the rest of its
-// parent span. Counts the spans taken.
-std::optional<double> scalar_bisected(double x_old, double dt, double a, int levels, int& spans) {
-  const std::int64_t units = std::int64_t{1} << levels;
-  std::int64_t pos = 0, size = units;
-  int depth = 0;
-  spans = 0;
-  while (pos < units) {
-    const auto x = scalar_root(x_old, dt * static_cast<double>(size) / units, a);
-    if (!x) {
-      if (depth == levels)
-        return std::nullopt;
-      size /= 2;
-      ++depth;
-      continue;
-    }
-    x_old = *x;
-    pos += size;
-    ++spans;
-    while (depth > 0 && pos % (2 * size) == 0) {
-      size *= 2;
-      --depth;
-    }
-  }
-  return x_old;
 }
 
 // The forward outputs and the converged mask, whether the call converged everywhere or not.

@@ -18,6 +18,7 @@
 #include <neml2/dispatch_fwd.hpp>
 #include <neml2/dispatched_model.hpp>
 #include <neml2/errors.hpp>
+#include <neml2/material_state.hpp>
 #include <neml2/memory.hpp>
 #include <neml2/observer.hpp>
 #include <neml2/policies/greedy_priority_capacity.hpp>

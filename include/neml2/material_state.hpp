@@ -1,0 +1,131 @@
+#pragma once
+
+/// @file material_state.hpp
+/// @brief MaterialState: the history a finite-element host keeps for its material points,
+/// kept by the library over any DispatchedModel. The start of the step and its trial end,
+/// step / accept / reject, and the points that fail cut alone. See docs/hosts.md.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include <neml2/dispatch_fwd.hpp>
+
+namespace neml2 {
+
+/// @brief How a model's inputs pair up over a time step, from their names (as NEML2's
+/// drivers pair them): `x~1` is the value of `x` at the start of the step.
+struct StateRoles {
+  /// @var state
+  /// `x`: an output whose old value `x~1` is an input (an input `x` too, when there is one,
+  /// is Newton's initial guess, given the start value).
+  /// @var forces
+  /// `f`: an input whose old value `f~1` is an input too (the time `t` among them).
+  /// @var given
+  /// Inputs with no old value that are not outputs (a temperature): given at each step.
+  /// @var fixed
+  /// Old values `h~1` with no current partner: held at their initial value (0 unless given).
+  std::vector<std::string> state, forces, given, fixed;
+};
+
+/// The roles of `model`'s inputs and outputs.
+[[nodiscard]] StateRoles state_roles(const AnyDispatchedModel& model);
+
+/// How MaterialState::step evaluates.
+struct StepOptions {
+  /// Also the derivatives `J[out][in]` of the whole step (jacobian()); for a cut point they
+  /// are chained through its sub-steps.
+  bool derivatives = false;
+  /// A point whose step fails (Newton does not converge) retries it alone, its forces and
+  /// time interpolated over spans bisected down to 2^-max_cuts of the step; 0: no retry.
+  int max_cuts = 0;
+};
+
+/// What a step found. Its tensors are valid until the next step(); read, do not write them.
+struct StepResult {
+  /// Every output at the trial end of the step, `(N, ...)`; NaN for the points that failed.
+  TensorMap outputs;
+  /// With StepOptions::derivatives: `J[out][in]` per point, `(N, *out_base, *in_base)`
+  /// (NaN for the points that failed).
+  VariablePairJacobian derivatives;
+  /// `(N,)` bool: the points whose step (or every sub-step) converged.
+  at::Tensor converged;
+  /// `(N,)` int64: the sub-steps each point took: 1 uncut, more when cut, 0 when failed.
+  at::Tensor substeps;
+  /// @var cut
+  /// How many points took more than one sub-step.
+  /// @var failed
+  /// How many points failed (at the deepest cut, when cutting).
+  std::int64_t cut = 0, failed = 0;
+};
+
+/// @brief The state of N material points over a model: the start of the step (state,
+/// forces and time as last accepted) and, after step(), its trial end.
+///
+/// step() evaluates the model from the start for the forces given (a host calls it at
+/// every residual evaluation of its solve; each call replaces the trial); accept() makes
+/// the trial the new start (every converged point, or a subset), reject() keeps the start.
+/// Accepting every point swaps tensors, nothing is copied.
+/// @code
+/// auto model = neml2::load_model("aoti/model_aoti.i", "model");
+/// neml2::MaterialState state(model, points);
+/// for (int n = 1; n <= steps; ++n) {
+///   const auto& r = state.step({{"E", strain(n)}}, time(n), {.max_cuts = 4});
+///   r.failed == 0 ? state.accept() : state.reject();
+/// }
+/// @endcode
+/// The model must outlive the state. Not thread safe: one host thread steps it at a time.
+class MaterialState {
+public:
+  /// N points, on the model's first device in its dtype. `initial` may set the start of
+  /// any state variable (by its name `x`), force (`f`, its last value) or fixed input
+  /// (`h~1`): `(N, ...)` or broadcast to it; the rest start at 0. Throws FatalError.
+  MaterialState(const AnyDispatchedModel& model, std::int64_t points,
+                const TensorMap& initial = {});
+
+  /// The roles of the model's variables.
+  [[nodiscard]] const StateRoles& roles() const noexcept { return _roles; }
+  /// N.
+  [[nodiscard]] std::int64_t points() const noexcept { return _points; }
+  /// The start of the step: each state variable `x`, each force `f` (its last accepted
+  /// value) and each fixed input `h~1`, `(N, ...)`.
+  [[nodiscard]] const TensorMap& start() const noexcept { return _start; }
+  /// True between a step() and its accept() or reject().
+  [[nodiscard]] bool pending() const noexcept { return _pending; }
+
+  /// @brief Evaluates the step from the start to `forces`: a value for every force and
+  /// given input, `(N, ...)` or broadcast to it. Replaces any trial not yet accepted. Every
+  /// input is checked before anything runs; a FatalError leaves the state as it was.
+  const StepResult& step(const TensorMap& forces, const StepOptions& options = {});
+  /// The same with the time `t` (the force named "t") given apart.
+  const StepResult& step(const TensorMap& forces, const at::Tensor& t,
+                         const StepOptions& options = {});
+
+  /// Makes the trial the start of the next step for every point that converged (the
+  /// others keep their start). A FatalError when no step is pending.
+  void accept();
+  /// The same for `points` only: an `(N,)` bool mask or int64 indices, each a point that
+  /// converged (checked before anything is written).
+  void accept(const at::Tensor& points);
+  /// Drops the trial: the start stays as it was.
+  void reject() noexcept { _pending = false; }
+
+private:
+  [[nodiscard]] TensorMap checked_forces(const TensorMap& forces, const StepOptions& options) const;
+  [[nodiscard]] at::Tensor selected_points(const at::Tensor& points) const;
+
+  const AnyDispatchedModel* _model;
+  StateRoles _roles;
+  std::int64_t _points;
+  at::TensorOptions _options;           // the model's first device and dtype
+  std::map<std::string, Shape> _shapes; // each variable's value per point (sub-batch, base)
+  TensorMap _start;                     // state x, forces f, fixed h~1
+  TensorMap _forces;                    // the pending step's forces, copied (what accept() takes)
+  StepResult _result;                   // the pending step's
+  bool _pending = false;
+};
+
+} // namespace neml2

@@ -1,0 +1,320 @@
+// MaterialState: the start of a step and its trial end over any dispatched model; step,
+// accept and reject. The retry of failing points is step_cuts.cpp.
+
+#include <algorithm>
+#include <set>
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <neml2/dispatch_fwd.hpp>
+#include <neml2/material_state.hpp>
+
+#include "host/step_cuts.hpp"
+
+namespace neml2 {
+namespace {
+
+bool contains(const std::vector<std::string>& names, const std::string& name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+std::string old_name(const std::string& name) {
+  return name + "~1";
+}
+
+// The per-point shape of each input (sub-batch then base axes), by public name.
+std::map<std::string, Shape> input_shapes(const Artifact& artifact) {
+  std::map<std::string, Shape> shapes;
+  for (const auto& v : artifact.inputs) {
+    auto s = v.sub_batch_shape;
+    s.insert(s.end(), v.base_shape.begin(), v.base_shape.end());
+    shapes.emplace(v.public_name, std::move(s));
+  }
+  return shapes;
+}
+
+Shape with_points(std::int64_t points, const Shape& shape) {
+  Shape s{points};
+  s.insert(s.end(), shape.begin(), shape.end());
+  return s;
+}
+
+// `value` as (points, *shape) on `options`' device and dtype: a view when it already is,
+// else broadcast (a view) or converted (a copy). `what` names it in an error.
+at::Tensor as_points(const at::Tensor& value, std::int64_t points, const Shape& shape,
+                     const at::TensorOptions& options, const std::string& what) {
+  const auto full = with_points(points, shape);
+  if (!value.defined())
+    throw FatalError(fmt::format("{} is an undefined tensor; pass one of shape {} (or {}, the "
+                                 "same for every point)",
+                                 what, full, shape));
+  if (!at::isFloatingType(value.scalar_type()))
+    throw FatalError(fmt::format("{} has dtype {}; pass a floating-point tensor", what,
+                                 c10::toString(value.scalar_type())));
+  const auto sizes = value.sizes();
+  bool fits = static_cast<std::size_t>(value.dim()) <= full.size();
+  for (std::size_t k = 0; fits && k < sizes.size(); ++k) {
+    const auto target = full[full.size() - sizes.size() + k];
+    fits = sizes[k] == target || sizes[k] == 1;
+  }
+  if (!fits)
+    throw FatalError(fmt::format("{} has shape {}, which does not broadcast to {} ({} points, "
+                                 "then the variable's shape): pass {} or {}",
+                                 what, sizes, full, points, full, shape));
+  return value.to(options).expand(full);
+}
+
+// The step's inputs by name: the state and old forces from `start`, the rest from `forces`.
+TensorMap step_inputs(const AnyDispatchedModel& model, const StateRoles& roles,
+                      const TensorMap& start, const TensorMap& forces) {
+  TensorMap in;
+  const auto& inputs = model.input_names();
+  for (const auto& x : roles.state) {
+    in.emplace(old_name(x), start.at(x));
+    if (contains(inputs, x)) // Newton's guess: the start
+      in.emplace(x, start.at(x));
+  }
+  for (const auto& f : roles.forces) {
+    in.emplace(f, forces.at(f));
+    in.emplace(old_name(f), start.at(f));
+  }
+  for (const auto& g : roles.given)
+    in.emplace(g, forces.at(g));
+  for (const auto& h : roles.fixed)
+    in.emplace(h, start.at(h));
+  return in;
+}
+
+// Pairs (output, input) the model has derivatives of, by public name.
+std::set<std::pair<std::string, std::string>> derivative_pairs(const Artifact& a) {
+  const auto public_name = [](const std::vector<VariableSpec>& specs, const std::string& name) {
+    for (const auto& s : specs)
+      if (s.name == name)
+        return s.public_name;
+    return name;
+  };
+  std::set<std::pair<std::string, std::string>> pairs;
+  for (const auto& [o, i] : a.derivatives)
+    pairs.emplace(public_name(a.outputs, o), public_name(a.inputs, i));
+  return pairs;
+}
+
+// `t` as (points, *shape) owning its memory (a batch-independent block is copied per point).
+at::Tensor owned_rows(const at::Tensor& t, const Shape& full) {
+  if (t.sizes() == at::IntArrayRef(full) && t.is_non_overlapping_and_dense())
+    return t;
+  return t.expand(full).clone();
+}
+
+} // namespace
+
+StateRoles state_roles(const AnyDispatchedModel& model) {
+  const auto& in = model.input_names();
+  const auto& out = model.output_names();
+  StateRoles roles;
+  for (const auto& x : out)
+    if (contains(in, old_name(x)))
+      roles.state.push_back(x);
+  for (const auto& n : in) {
+    if (n.ends_with("~1")) {
+      const auto base = n.substr(0, n.size() - 2);
+      if (!contains(out, base) && !contains(in, base))
+        roles.fixed.push_back(n);
+    } else if (!contains(in, old_name(n)))
+      roles.given.push_back(n);
+    else if (!contains(out, n))
+      roles.forces.push_back(n);
+  }
+  return roles;
+}
+
+MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t points,
+                             const TensorMap& initial)
+    : _model(&model)
+    , _roles(state_roles(model))
+    , _points(points)
+    , _options(at::TensorOptions().dtype(model.dtype()).device(model.device().torch())) {
+  if (points < 1)
+    throw FatalError(fmt::format("MaterialState: {} points; a state holds at least 1", points));
+  const auto inputs = input_shapes(model.artifact());
+  for (const auto& x : _roles.state)
+    _shapes.emplace(x, inputs.at(old_name(x)));
+  for (const auto& names : {_roles.forces, _roles.given, _roles.fixed})
+    for (const auto& n : names)
+      _shapes.emplace(n, inputs.at(n));
+  for (const auto& [name, value] : initial)
+    if (!contains(_roles.state, name) && !contains(_roles.forces, name) &&
+        !contains(_roles.fixed, name))
+      throw FatalError(fmt::format(
+          "MaterialState: an initial value for '{}', which is not a state variable, force or "
+          "fixed input of this model; it has state {}, forces {} and fixed inputs {}",
+          name, _roles.state, _roles.forces, _roles.fixed));
+  TensorMap start;
+  for (const auto& names : {_roles.state, _roles.forces, _roles.fixed})
+    for (const auto& n : names) {
+      auto value = at::zeros(with_points(points, _shapes.at(n)), _options);
+      if (const auto it = initial.find(n); it != initial.end())
+        value.copy_(as_points(it->second, points, _shapes.at(n), _options,
+                              fmt::format("MaterialState: the initial value of '{}'", n)));
+      start.emplace(n, std::move(value));
+    }
+  _start = std::move(start);
+}
+
+TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptions& options) const {
+  if (options.max_cuts < 0 || options.max_cuts > 30)
+    throw FatalError(fmt::format("MaterialState::step(): max_cuts = {}; give 0 (no retry) to 30 "
+                                 "(spans of 2^-30 of the step)",
+                                 options.max_cuts));
+  TensorMap checked;
+  for (const auto& [name, value] : forces)
+    if (!contains(_roles.forces, name) && !contains(_roles.given, name))
+      throw FatalError(fmt::format("MaterialState::step(): '{}' is not a force or given input of "
+                                   "this model; it takes forces {} and given inputs {}",
+                                   name, _roles.forces, _roles.given));
+  for (const auto& names : {_roles.forces, _roles.given})
+    for (const auto& n : names) {
+      const auto it = forces.find(n);
+      if (it == forces.end())
+        throw FatalError(fmt::format("MaterialState::step(): no value for '{}'; give every force "
+                                     "{} and given input {}",
+                                     n, _roles.forces, _roles.given));
+      checked.emplace(n, as_points(it->second, _points, _shapes.at(n), _options,
+                                   fmt::format("MaterialState::step(): '{}'", n)));
+    }
+  if (!options.derivatives)
+    return checked;
+  const auto pairs = derivative_pairs(_model->artifact());
+  if (pairs.empty())
+    throw FatalError("MaterialState::step(): derivatives asked, but the artifact has no "
+                     "Jacobian graphs; compile it with -d : (or step without derivatives)");
+  if (options.max_cuts == 0)
+    return checked;
+  // A cut point's derivatives are chained through its spans: every output that has
+  // derivatives needs them with respect to every input.
+  std::set<std::string> differentiated;
+  for (const auto& [o, i] : pairs)
+    differentiated.insert(o);
+  differentiated.insert(_roles.state.begin(), _roles.state.end());
+  for (const auto& o : differentiated)
+    for (const auto& i : _model->input_names())
+      if (!pairs.count({o, i}))
+        throw FatalError(fmt::format(
+            "MaterialState::step(): the derivatives of a cut step are chained through its "
+            "spans, which needs d({})/d({}), a block the artifact lacks; compile it with -d : "
+            "(every pair), or step with max_cuts = 0",
+            o, i));
+  return checked;
+}
+
+const StepResult& MaterialState::step(const TensorMap& forces, const at::Tensor& t,
+                                      const StepOptions& options) {
+  if (!contains(_roles.forces, "t") && !contains(_roles.given, "t"))
+    throw FatalError("MaterialState::step(): a time was given, but this model has no input 't'; "
+                     "call step(forces) without it");
+  if (forces.count("t"))
+    throw FatalError("MaterialState::step(): 't' is given twice, in the forces and apart; give "
+                     "it once");
+  auto with_time = forces;
+  with_time.emplace("t", t);
+  return step(with_time, options);
+}
+
+const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions& options) {
+  const auto given = checked_forces(forces, options);
+  const auto inputs = step_inputs(*_model, _roles, _start, given);
+  auto e = detail::evaluate_points(*_model, inputs, options.derivatives);
+  StepResult r;
+  r.converged = e.converged.defined() ? e.converged.to(_options.device())
+                                      : at::ones({_points}, _options.dtype(at::kBool));
+  r.substeps = r.converged.to(at::kLong);
+  const auto failed = (~r.converged).nonzero().squeeze(1);
+  const bool cut = failed.numel() > 0 && options.max_cuts > 0;
+  r.outputs = std::move(e.outputs);
+  for (auto& [y, value] : r.outputs)
+    value = owned_rows(value, value.sizes().vec());
+  r.derivatives = std::move(e.derivatives);
+  for (auto& [y, blocks] : r.derivatives)
+    for (auto& [z, block] : blocks)
+      if (block.dim() == r.outputs.at(y).dim() + inputs.at(z).dim() - 2) {
+        // batch-independent: one block for every point
+        const auto full = with_points(_points, block.sizes().vec());
+        block = cut ? block.expand(full).clone() : block.expand(full);
+      }
+  if (cut)
+    detail::cut_points({*_model, _roles, options, _start, given}, failed, r);
+  r.failed = (~r.converged).sum().item<std::int64_t>();
+  r.cut = (r.substeps > 1).sum().item<std::int64_t>();
+
+  // Nothing above changed the state; keep the forces for accept().
+  for (const auto& f : _roles.forces) {
+    auto& kept = _forces[f];
+    if (!kept.defined())
+      kept = at::empty_like(_start.at(f));
+    kept.copy_(given.at(f));
+  }
+  _result = std::move(r);
+  _pending = true;
+  return _result;
+}
+
+at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
+  if (!points.defined())
+    throw FatalError("MaterialState::accept(): the points are an undefined tensor; pass an (N,) "
+                     "bool mask or int64 indices");
+  if (points.scalar_type() == at::kBool) {
+    if (points.dim() != 1 || points.size(0) != _points)
+      throw FatalError(fmt::format("MaterialState::accept(): a mask of shape {}; pass one of "
+                                   "shape [{}], a bool per point",
+                                   points.sizes(), _points));
+    return points.to(_options.device()).nonzero().squeeze(1);
+  }
+  if (!at::isIntegralType(points.scalar_type(), false) || points.dim() != 1)
+    throw FatalError(fmt::format("MaterialState::accept(): points of dtype {} and shape {}; pass "
+                                 "an (N,) bool mask or 1-d integer indices",
+                                 c10::toString(points.scalar_type()), points.sizes()));
+  const auto index = points.to(_options.device(), at::kLong);
+  if (index.numel() > 0 &&
+      (index.min().item<std::int64_t>() < 0 || index.max().item<std::int64_t>() >= _points))
+    throw FatalError(fmt::format("MaterialState::accept(): indices from {} to {}; this state has "
+                                 "points 0 to {}",
+                                 index.min().item<std::int64_t>(), index.max().item<std::int64_t>(),
+                                 _points - 1));
+  return index;
+}
+
+void MaterialState::accept() {
+  if (!_pending)
+    throw FatalError("MaterialState::accept(): no step is pending; call step() first (a step is "
+                     "accepted or rejected once)");
+  if (_result.failed > 0)
+    return accept(_result.converged);
+  for (const auto& x : _roles.state) // swap, not copy: the trial becomes the start
+    _start.at(x) = _result.outputs.at(x);
+  for (const auto& f : _roles.forces)
+    std::swap(_start.at(f), _forces.at(f));
+  _pending = false;
+}
+
+void MaterialState::accept(const at::Tensor& points) {
+  if (!_pending)
+    throw FatalError("MaterialState::accept(): no step is pending; call step() first (a step is "
+                     "accepted or rejected once)");
+  const auto index = selected_points(points);
+  const auto unconverged = (~_result.converged.index_select(0, index)).nonzero();
+  if (unconverged.numel() > 0)
+    throw FatalError(fmt::format(
+        "MaterialState::accept(): point {} did not converge in this step (its trial is NaN); "
+        "accept only points whose StepResult::converged is true",
+        index[unconverged[0][0].item<std::int64_t>()].item<std::int64_t>()));
+  for (const auto& x : _roles.state) {
+    _start.at(x).index_copy_(0, index, _result.outputs.at(x).index_select(0, index));
+  }
+  for (const auto& f : _roles.forces)
+    _start.at(f).index_copy_(0, index, _forces.at(f).index_select(0, index));
+  _pending = false;
+}
+
+} // namespace neml2

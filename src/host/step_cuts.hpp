@@ -1,0 +1,38 @@
+#pragma once
+
+// A step's evaluation over some points, and the retry of the points whose step failed in
+// bisected spans, their derivatives chained through the spans. Private to the library.
+
+#include <neml2/material_state.hpp>
+
+namespace neml2::detail {
+
+/// One evaluation: the results by name and which points converged (undefined: all).
+struct PointsEvaluation {
+  TensorMap outputs;
+  VariablePairJacobian derivatives;
+  at::Tensor converged;
+};
+
+/// forward() (or jacobian(), with `derivatives`) of `inputs`; a per-row ConvergenceError
+/// becomes its results (failed rows NaN) and its mask. Any other error propagates.
+[[nodiscard]] PointsEvaluation evaluate_points(const AnyDispatchedModel& model,
+                                               const TensorMap& inputs, bool derivatives);
+
+/// What the points of a step start from and go to.
+struct StepEnds {
+  const AnyDispatchedModel& model;
+  const StateRoles& roles;
+  const StepOptions& options;
+  const TensorMap& start;  // the state's start(), (N, ...)
+  const TensorMap& forces; // the step's forces and given inputs, (N, ...)
+};
+
+/// Retries `points` (int64 indices of points whose step failed) over spans of their step
+/// bisected recursively, down to 2^-max_cuts of it: after a span converges, the next is the
+/// rest of its parent span, each point on its own. Writes their outputs (and derivatives,
+/// chained through the spans) into `result`'s rows (which must be batched and writable),
+/// their sub-step counts into `result.substeps` and their end into `result.converged`.
+void cut_points(const StepEnds& step, const at::Tensor& points, StepResult& result);
+
+} // namespace neml2::detail

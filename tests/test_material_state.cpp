@@ -1,0 +1,395 @@
+// MaterialState: the state of material points kept over steps, against hand-written loops
+// and eager NEML2; accept and reject; points cut alone against NEML2's bisection.
+
+#include <cmath>
+
+#include "model_checks.hpp"
+#include "scalar_model.hpp"
+
+using namespace neml2;
+
+namespace {
+
+std::string step_name(int s) {
+  return "s" + std::to_string(s);
+}
+
+DispatchedModel<SyncChunking> load(const std::string& artifact, SyncChunking policy = {}) {
+  return load_model(test::stub(artifact, "model"), "model", policy);
+}
+
+// The implicit models with a reference history (tools/make_reference.py --history), its
+// steps, and whether their Jacobians were compiled.
+struct History {
+  const char* artifact;
+  int steps;
+  bool derivatives;
+};
+constexpr History histories[] = {
+    {"scalar_backward_euler", 4, true},   {"j2_radial_return", 5, true},
+    {"perzyna_viscoplasticity", 5, true}, {"chaboche_viscoplasticity", 5, true},
+    {"perzyna_gmres", 5, true},           {"binned_precipitation", 6, false},
+    {"slip_systems", 5, false},
+};
+
+bool is_output(const AnyDispatchedModel& m, const std::string& name) {
+  const auto& out = m.output_names();
+  return std::find(out.begin(), out.end(), name) != out.end();
+}
+
+// A host's loop by hand, as examples/time_stepping.cpp wrote it before MaterialState: the
+// reference's inputs of each step, with every old state and initial guess replaced by the
+// loop's own outputs of the step before.
+struct HandLoop {
+  const AnyDispatchedModel& model;
+  TensorMap previous;
+
+  TensorMap inputs(TensorMap in) const {
+    for (auto& [name, value] : in) {
+      const auto base = name.ends_with("~1") ? name.substr(0, name.size() - 2) : name;
+      if (previous.count(base) && is_output(model, base))
+        value = previous.at(base);
+    }
+    return in;
+  }
+};
+
+// The values of a step's inputs a host drives: every input that is neither a state nor
+// an old value.
+TensorMap driven(const MaterialState& state, const TensorMap& inputs) {
+  TensorMap forces;
+  for (const auto& names : {state.roles().forces, state.roles().given})
+    for (const auto& n : names)
+      forces.emplace(n, inputs.at(n));
+  return forces;
+}
+
+// The start of the first step as the reference history has it.
+TensorMap initial(const StateRoles& roles, const TensorMap& inputs) {
+  TensorMap start;
+  for (const auto& x : roles.state)
+    start.emplace(x, inputs.at(x + "~1"));
+  for (const auto& f : roles.forces)
+    start.emplace(f, inputs.at(f + "~1"));
+  for (const auto& h : roles.fixed)
+    start.emplace(h, inputs.at(h));
+  return start;
+}
+
+TensorMap clone(const TensorMap& values) {
+  TensorMap out;
+  for (const auto& [name, t] : values)
+    out.emplace(name, t.clone());
+  return out;
+}
+
+// The scalar model's rows of scalar_substepping's reference: one step each, from x~1 over
+// [t~1, t], some that converge only in bisected spans and some not even at depth 3.
+struct ScalarCase {
+  test::Reference ref{"scalar_substepping"};
+  TensorMap in = ref.group("sub/in");
+  std::int64_t rows = in.at("a").size(0);
+};
+
+// f throws a FatalError whose message holds `part`.
+template <class F>
+void refused(F&& f, const std::string& part) {
+  const auto message = test::fatal_message(f);
+  CHECK_MESSAGE(test::contains(message, part), message);
+}
+
+MaterialState scalar_state(const AnyDispatchedModel& m, const ScalarCase& c) {
+  return MaterialState(m, c.rows, {{"x", c.in.at("x~1")}, {"t", c.in.at("t~1")}});
+}
+
+} // namespace
+
+TEST_CASE("roles: state, forces, given and fixed inputs, from the names") {
+  const auto j2 = load("j2_radial_return");
+  const auto r = state_roles(j2);
+  CHECK(r.state == std::vector<std::string>{"equivalent_plastic_strain", "plastic_strain"});
+  CHECK(r.forces == std::vector<std::string>{"t"});
+  CHECK(r.given == std::vector<std::string>{"E"});
+  CHECK(r.fixed == std::vector<std::string>{"flow_rate~1"});
+
+  const auto chaboche = state_roles(load("chaboche_viscoplasticity"));
+  CHECK(chaboche.state ==
+        std::vector<std::string>{"stress", "equivalent_plastic_strain", "X1", "X2"});
+  CHECK(chaboche.forces == std::vector<std::string>{"E", "t"});
+  CHECK(chaboche.given.empty());
+  CHECK(chaboche.fixed.empty());
+
+  const auto elastic = state_roles(load_model(test::stub("elasticity", "elasticity")));
+  CHECK(elastic.state.empty());
+  CHECK(elastic.given == std::vector<std::string>{"strain"});
+}
+
+TEST_CASE("every implicit model's history: the same bits as a hand-written loop, and eager "
+          "NEML2's values") {
+  for (const auto& h : histories) {
+    CAPTURE(h.artifact);
+    const test::Reference ref(h.artifact);
+    // In chunks of 8 rows: failures and results are gathered across chunks.
+    const auto model = load(h.artifact, SyncChunking{.batch_size = 8});
+    const auto first = ref.group("s0/in");
+    const auto points = first.begin()->second.size(0);
+    MaterialState state(model, points, initial(state_roles(model), first));
+    HandLoop hand{model, {}};
+    for (int n = 0; n < h.steps; ++n) {
+      CAPTURE(n);
+      const auto in = ref.group(step_name(n) + "/in");
+      const auto& r = state.step(driven(state, in), {.derivatives = h.derivatives, .max_cuts = 3});
+      CHECK(r.failed == 0);
+      CHECK(r.cut == 0);
+      CHECK(at::equal(r.substeps, at::ones({points}, at::kLong)));
+      test::check_close(r.outputs, ref.group(step_name(n) + "/out"), "eager NEML2", 1e-8);
+      if (h.derivatives) {
+        const auto [out, J] = model.jacobian(hand.inputs(in));
+        CHECK(test::identical(r.outputs, out));
+        for (const auto& [o, blocks] : J)
+          for (const auto& [i, block] : blocks) {
+            CAPTURE(o + "/" + i);
+            CHECK(at::equal(r.derivatives.at(o).at(i), block.expand_as(r.derivatives.at(o).at(i))));
+          }
+        hand.previous = out;
+      } else {
+        hand.previous = model.forward(hand.inputs(in));
+        CHECK(test::identical(r.outputs, hand.previous));
+      }
+      state.accept();
+      for (const auto& x : state.roles().state)
+        CHECK(at::equal(state.start().at(x), hand.previous.at(x)));
+      for (const auto& f : state.roles().forces)
+        CHECK(at::equal(state.start().at(f), in.at(f)));
+    }
+  }
+}
+
+TEST_CASE("accept and reject: a rejected step leaves the start bit for bit; a step replaces "
+          "the trial; nothing to accept is an error") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  MaterialState state(model, points);
+  CHECK_THROWS_AS(state.accept(), FatalError);
+  state.step(driven(state, ref.group("s0/in")));
+  state.accept();
+  const auto before = clone(state.start());
+
+  // Reject: the start as it was; accept() has nothing to take.
+  state.step(driven(state, ref.group("s2/in")));
+  CHECK(state.pending());
+  state.reject();
+  CHECK_FALSE(state.pending());
+  CHECK(test::identical(state.start(), before));
+  CHECK_THROWS_AS(state.accept(), FatalError);
+
+  // A step replaces the trial before it: residual evaluations of one time step, then accept.
+  state.step(driven(state, ref.group("s2/in")));
+  const auto& r = state.step(driven(state, ref.group("s1/in")));
+  test::check_close(r.outputs, ref.group("s1/out"), "the last trial", 1e-8);
+  state.accept();
+  for (const auto& x : state.roles().state)
+    CHECK(at::equal(state.start().at(x), r.outputs.at(x)));
+
+  // Accept a subset: those points move, the others keep their start, bit for bit.
+  const auto kept = clone(state.start());
+  const auto& r2 = state.step(driven(state, ref.group("s2/in")));
+  const auto some = at::tensor(std::vector<std::int64_t>{0, 3, points - 1});
+  const auto trial = clone(r2.outputs);
+  state.accept(some);
+  auto moved = at::zeros({points}, at::kBool);
+  moved.index_fill_(0, some, true);
+  for (const auto& x : state.roles().state) {
+    const auto& now = state.start().at(x);
+    CHECK(at::equal(now.index({moved}), trial.at(x).index({moved})));
+    CHECK(at::equal(now.index({~moved}), kept.at(x).index({~moved})));
+  }
+  CHECK(at::equal(state.start().at("t").index({moved}), ref["s2/in/t"].index({moved})));
+  CHECK(at::equal(state.start().at("t").index({~moved}), kept.at("t").index({~moved})));
+}
+
+TEST_CASE("points cut alone: bisected spans as eager NEML2 takes them, the others untouched") {
+  const ScalarCase c;
+  const auto& expected = c.ref["sub/out/x"];
+  const auto& spans = c.ref["sub/spans"];
+  const auto model = load("scalar_backward_euler"); // compiled without substepping
+  auto state = scalar_state(model, c);
+  const TensorMap forces{{"a", c.in.at("a")}};
+  const auto& r = state.step(forces, c.in.at("t"), {.max_cuts = 3});
+
+  const auto converged = spans > 0;
+  CHECK(at::equal(r.converged, converged));
+  CHECK(r.failed == (~converged).sum().item<std::int64_t>());
+  CHECK(r.cut == (spans > 1).sum().item<std::int64_t>());
+  CHECK(at::equal(r.substeps, spans.to(at::kLong)));
+  const auto& x = r.outputs.at("x");
+  test::check_close(x.index({converged}), expected.index({converged}), "eager spans", 1e-8);
+  CHECK(at::isnan(x.index({~converged})).all().item<bool>());
+  // And the closed form, to the solver's tolerance (each span stops at rtol 1e-8).
+  for (std::int64_t p = 0; p < c.rows; ++p) {
+    CAPTURE(p);
+    int count = 0;
+    const auto root = test::scalar_bisected(c.in.at("x~1")[p].item<double>(),
+                                            (c.in.at("t")[p] - c.in.at("t~1")[p]).item<double>(),
+                                            c.in.at("a")[p].item<double>(), 3, count);
+    REQUIRE(root.has_value() == converged[p].item<bool>());
+    if (root)
+      CHECK(std::abs(x[p].item<double>() - *root) <= 1e-7 * std::max(1.0, std::abs(*root)));
+  }
+
+  // The points that converge in one step: the same bits as a state without the others.
+  const auto one = (spans == 1).nonzero().squeeze(1);
+  const auto alone_model = load("scalar_backward_euler");
+  MaterialState alone(
+      alone_model, one.size(0),
+      {{"x", c.in.at("x~1").index_select(0, one)}, {"t", c.in.at("t~1").index_select(0, one)}});
+  const auto& ra =
+      alone.step({{"a", c.in.at("a").index_select(0, one)}}, c.in.at("t").index_select(0, one));
+  CHECK(at::equal(ra.outputs.at("x"), x.index_select(0, one)));
+
+  // accept(): the converged points move, the failed keep their start.
+  state.accept();
+  CHECK(at::equal(state.start().at("x").index({converged}), x.index({converged})));
+  CHECK(at::equal(state.start().at("x").index({~converged}), c.in.at("x~1").index({~converged})));
+  CHECK(at::equal(state.start().at("t").index({~converged}), c.in.at("t~1").index({~converged})));
+}
+
+TEST_CASE("points cut alone: derivatives chained through the spans, as the library's own "
+          "substepping chains them, and the closed form's") {
+  const ScalarCase c;
+  const auto converged = c.ref["sub/spans"] > 0;
+  const auto ok = converged.nonzero().squeeze(1);
+  const auto model = load("scalar_backward_euler");
+  auto state = scalar_state(model, c);
+  const auto& r =
+      state.step({{"a", c.in.at("a")}}, c.in.at("t"), {.derivatives = true, .max_cuts = 3});
+  CHECK(at::equal(r.converged, converged));
+
+  // scalar_substepping bisects inside its implicit segment and chains there (src/implicit/).
+  const auto substepping = load("scalar_substepping");
+  TensorMap rows;
+  for (const auto& [n, v] : c.in)
+    rows.emplace(n, v.index_select(0, ok));
+  const auto [out, J] = substepping.jacobian(rows);
+  test::check_close(r.outputs.at("x").index_select(0, ok), out.at("x"), "x", 1e-8);
+  for (const auto& [i, block] : J.at("x")) {
+    CAPTURE(i);
+    test::check_close(r.derivatives.at("x").at(i).index_select(0, ok), block, "dx/d" + i, 1e-8);
+  }
+  for (const auto& [i, block] : r.derivatives.at("x"))
+    CHECK(at::isnan(block.index({~converged})).all().item<bool>());
+
+  // Central differences of the closed form, on a point cut into several spans.
+  const auto p = (c.ref["sub/spans"] >= 3).nonzero()[0][0].item<std::int64_t>();
+  const double x0 = c.in.at("x~1")[p].item<double>(), t0 = c.in.at("t~1")[p].item<double>(),
+               t1 = c.in.at("t")[p].item<double>(), a = c.in.at("a")[p].item<double>();
+  const auto root = [&](double x_old, double dt, double a_) {
+    int spans = 0;
+    return *test::scalar_bisected(x_old, dt, a_, 3, spans);
+  };
+  const double h = 1e-6;
+  const auto d = [&](const char* i) { return r.derivatives.at("x").at(i)[p].item<double>(); };
+  CHECK(d("a") == doctest::Approx((root(x0, t1 - t0, a + h) - root(x0, t1 - t0, a - h)) / (2 * h))
+                      .epsilon(1e-6));
+  CHECK(d("x~1") == doctest::Approx((root(x0 + h, t1 - t0, a) - root(x0 - h, t1 - t0, a)) / (2 * h))
+                        .epsilon(1e-6));
+  CHECK(d("t") == doctest::Approx((root(x0, t1 + h - t0, a) - root(x0, t1 - h - t0, a)) / (2 * h))
+                      .epsilon(1e-6));
+  CHECK(d("t~1") == doctest::Approx(-d("t")).epsilon(1e-8));
+  CHECK(d("x") == 0); // the initial guess: nothing flows from it
+}
+
+TEST_CASE("bad input is refused before anything is written") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  const auto E = ref["s1/in/E"];
+
+  refused([&] { static_cast<void>(MaterialState(model, 0)); }, "at least 1");
+  refused(
+      [&] {
+        static_cast<void>(MaterialState(model, points, {{"stress", at::zeros({points, 6})}}));
+      },
+      "'stress', which is not a state variable, force or fixed input");
+  refused(
+      [&] {
+        static_cast<void>(
+            MaterialState(model, points, {{"plastic_strain", at::zeros({points, 5})}}));
+      },
+      "does not broadcast to [20, 6]");
+
+  MaterialState state(model, points, {{"equivalent_plastic_strain", at::full({}, 0.25)}});
+  CHECK(at::equal(state.start().at("equivalent_plastic_strain"),
+                  at::full({points}, 0.25, at::kDouble)));
+  state.step({{"E", ref["s0/in/E"]}}, ref["s0/in/t"]);
+  state.accept();
+  state.step({{"E", E}}, ref["s1/in/t"]);
+  const auto start = clone(state.start());
+  const auto trial = clone(state.step({{"E", E}}, ref["s1/in/t"]).outputs);
+  const auto t = ref["s1/in/t"];
+
+  refused(
+      [&] {
+        static_cast<void>(state.step({{"E", E}, {"strain", E}}, t));
+      },
+      "'strain' is not a force or given input");
+  refused([&] { static_cast<void>(state.step({}, t)); }, "no value for 'E'");
+  refused([&] { static_cast<void>(state.step({{"E", E}})); }, "no value for 't'");
+  refused([&] { static_cast<void>(state.step({{"E", E}, {"t", t}}, t)); }, "'t' is given twice");
+  refused(
+      [&] {
+        static_cast<void>(state.step({{"E", E.narrow(0, 0, 3)}}, t));
+      },
+      "'E' has shape [3, 6], which does not broadcast to [20, 6]");
+  refused([&] { static_cast<void>(state.step({{"E", E.to(at::kInt)}}, t)); }, "floating-point");
+  refused([&] { static_cast<void>(state.step({{"E", E}}, t, {.max_cuts = 31})); }, "max_cuts = 31");
+  refused([&] { static_cast<void>(state.accept(at::zeros({points + 1}, at::kBool))); },
+          "a mask of shape [21]");
+  refused(
+      [&] {
+        static_cast<void>(state.accept(at::tensor(std::vector<std::int64_t>{0, points})));
+      },
+      "indices from 0 to 20");
+  // Each refusal left the start and the pending trial as they were.
+  CHECK(test::identical(state.start(), start));
+  CHECK(state.pending());
+  state.accept();
+  for (const auto& x : state.roles().state)
+    CHECK(at::equal(state.start().at(x), trial.at(x)));
+
+  // Derivatives of a model compiled without them.
+  const auto binned = load("binned_precipitation");
+  MaterialState bins(binned, 2);
+  refused(
+      [&] {
+        static_cast<void>(bins.step({{"T", at::ones({2})}}, at::ones({2}), {.derivatives = true}));
+      },
+      "no Jacobian graphs");
+  CHECK_FALSE(bins.pending());
+
+  // A time for a model without one.
+  const auto elastic = load_model(test::stub("elasticity", "elasticity"));
+  MaterialState points_of(elastic, 2);
+  refused(
+      [&] {
+        static_cast<void>(points_of.step({{"strain", at::zeros({2, 6})}}, at::ones({2})));
+      },
+      "no input 't'");
+}
+
+TEST_CASE("accepting a point that failed is refused, naming it") {
+  const ScalarCase c;
+  const auto model = load("scalar_backward_euler");
+  auto state = scalar_state(model, c);
+  const auto before = clone(state.start());
+  const auto& r = state.step({{"a", c.in.at("a")}}, c.in.at("t"));
+  REQUIRE(r.failed > 0);
+  CHECK(r.cut == 0);
+  CHECK(at::equal(r.substeps, r.converged.to(at::kLong)));
+  const auto bad = (~r.converged).nonzero()[0][0].item<std::int64_t>();
+  refused([&] { static_cast<void>(state.accept(at::ones({c.rows}, at::kBool))); },
+          "point " + std::to_string(bad) + " did not converge");
+  CHECK(test::identical(state.start(), before));
+  state.reject();
+}
