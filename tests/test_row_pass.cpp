@@ -499,3 +499,78 @@ TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every un
   config.row_pass = false;
   CHECK_FALSE(neml2::detail::runs_on_rows(groups({1}), config));
 }
+
+TEST_CASE("which graph checks the rows changes the calls, never the bits, on every implicit "
+          "model") {
+  // The residual graph's residuals are the jacobian graph's, bit for bit: the schedule
+  // (implicit/newton_schedule.hpp) may pick either at any check.
+  struct Forced {
+    ~Forced() { neml2::detail::forced_newton_schedule = -1; }
+  } restore;
+  for (const auto& [name, steps] : histories) {
+    const std::string model = name;
+    CAPTURE(model);
+    const test::Reference ref(model);
+    const auto s = session(model, true);
+    for (int step = 0; step < steps; ++step) {
+      CAPTURE(step);
+      const auto inputs = tiled(ref.group("s" + std::to_string(step) + "/in"), 5);
+      std::map<int, std::int64_t> residual_rows; // per forced choice
+      std::map<int, TensorMap> outputs;
+      for (int forced : {1, 0, -1}) {
+        neml2::detail::forced_newton_schedule = forced;
+        neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
+          residual_rows[forced] += file.ends_with("_residual.pt2") ? n : 0;
+        });
+        outputs[forced] = s.jacobian(inputs).first;
+        neml2::detail::observe_graph_calls({});
+      }
+      CHECK(test::identical(outputs[0], outputs[1]));
+      CHECK(test::identical(outputs[-1], outputs[1]));
+      if (model.find("gmres") == std::string::npos) { // GMRES takes matvecs, not A
+        CHECK(residual_rows[1] == 0);
+        CHECK(residual_rows[0] > 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("a history's steps: the schedule learns to check converging rows by the residual "
+          "alone, and rows that stay with A") {
+  // Perzyna over a strain ramp: after the first steps every row takes one update, so a
+  // step costs one jacobian call (A at the old state) and one residual call (converged),
+  // per row: no row is evaluated again after it converged.
+  const auto model = load_model(test::stub("perzyna_viscoplasticity", "model"), "model");
+  const std::int64_t points = 256;
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto direction = at::tensor({1.0, -0.5, -0.5, 0.2, 0.0, 0.0}, opts);
+  const auto amplitude = (2e-2 * at::linspace(0.5, 1.5, points, opts)).unsqueeze(1) * direction;
+  MaterialState state(model, points);
+  std::map<std::string, std::int64_t> rows;
+  for (int n = 1; n <= 30; ++n) {
+    rows.clear();
+    neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t r) {
+      rows[std::filesystem::path(file).stem().string()] += r;
+    });
+    state.step({{"E", amplitude * (n / 100.0)}}, at::full({points}, 0.1 * n, opts));
+    neml2::detail::observe_graph_calls({});
+    state.accept();
+  }
+  CHECK(rows["model_jacobian"] == points);
+  CHECK(rows["model_residual"] == points);
+
+  // The schedule itself: a quarter of each solve's share of rows that stay, per check.
+  neml2::detail::NewtonSchedule learned;
+  CHECK_FALSE(learned.with_a(0));
+  CHECK(learned.with_a(1));
+  for (int solve = 0; solve < 20; ++solve) {
+    learned.record(0, 100, 100); // every row stays at the guess
+    learned.record(1, 100, 0);   // and leaves at the first update
+  }
+  CHECK(learned.with_a(0));
+  CHECK_FALSE(learned.with_a(1));
+  CHECK(learned.with_a(2)); // not seen: the default
+  for (int solve = 0; solve < 20; ++solve)
+    learned.record(9, 10, 1);
+  CHECK_FALSE(learned.with_a(20)); // checks past the tracked ones share the last slot
+}

@@ -126,6 +126,9 @@ private:
   TensorMap _forces;                    // the pending step's forces, copied (what accept() takes)
   StepResult _result;                   // the pending step's
   bool _pending = false;
+  at::Tensor _all_converged, _one_substep; // a step's flags when every point converged
+  bool _has_jacobian = false;
+  std::string _missing_block; // a derivative block cut steps need and the artifact lacks
 };
 
 } // namespace neml2

@@ -41,11 +41,15 @@ Shape with_points(std::int64_t points, const Shape& shape) {
   return s;
 }
 
-// `value` as (points, *shape) on `options`' device and dtype: a view when it already is,
-// else broadcast (a view) or converted (a copy). `what` names it in an error.
+// `value` as (points, *shape) on `options`' device and dtype: itself when it already is,
+// else broadcast (a view) or converted (a copy). An error names it as `who` 'name'.
 at::Tensor as_points(const at::Tensor& value, std::int64_t points, const Shape& shape,
-                     const at::TensorOptions& options, const std::string& what) {
+                     const at::TensorOptions& options, const char* who, const std::string& name) {
   const auto full = with_points(points, shape);
+  if (value.defined() && value.sizes() == at::IntArrayRef(full) &&
+      value.scalar_type() == options.dtype() && value.device() == options.device())
+    return value;
+  const auto what = fmt::format("{} '{}'", who, name);
   if (!value.defined())
     throw FatalError(fmt::format("{} is an undefined tensor; pass one of shape {} (or {}, the "
                                  "same for every point)",
@@ -157,10 +161,24 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
       auto value = at::zeros(with_points(points, _shapes.at(n)), _options);
       if (const auto it = initial.find(n); it != initial.end())
         value.copy_(as_points(it->second, points, _shapes.at(n), _options,
-                              fmt::format("MaterialState: the initial value of '{}'", n)));
+                              "MaterialState: the initial value of", n));
       start.emplace(n, std::move(value));
     }
   _start = std::move(start);
+  _all_converged = at::ones({points}, _options.dtype(at::kBool));
+  _one_substep = at::ones({points}, _options.dtype(at::kLong));
+
+  // A cut point's derivatives are chained through its spans: every output that has
+  // derivatives needs them with respect to every input.
+  const auto pairs = derivative_pairs(model.artifact());
+  std::set<std::string> differentiated(_roles.state.begin(), _roles.state.end());
+  for (const auto& [o, i] : pairs)
+    differentiated.insert(o);
+  for (const auto& o : differentiated)
+    for (const auto& i : model.input_names())
+      if (_missing_block.empty() && !pairs.count({o, i}))
+        _missing_block = fmt::format("d({})/d({})", o, i);
+  _has_jacobian = !pairs.empty();
 }
 
 TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptions& options) const {
@@ -181,31 +199,18 @@ TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptio
         throw FatalError(fmt::format("MaterialState::step(): no value for '{}'; give every force "
                                      "{} and given input {}",
                                      n, _roles.forces, _roles.given));
-      checked.emplace(n, as_points(it->second, _points, _shapes.at(n), _options,
-                                   fmt::format("MaterialState::step(): '{}'", n)));
+      checked.emplace(
+          n, as_points(it->second, _points, _shapes.at(n), _options, "MaterialState::step():", n));
     }
-  if (!options.derivatives)
-    return checked;
-  const auto pairs = derivative_pairs(_model->artifact());
-  if (pairs.empty())
+  if (options.derivatives && !_has_jacobian)
     throw FatalError("MaterialState::step(): derivatives asked, but the artifact has no "
                      "Jacobian graphs; compile it with -d : (or step without derivatives)");
-  if (options.max_cuts == 0)
-    return checked;
-  // A cut point's derivatives are chained through its spans: every output that has
-  // derivatives needs them with respect to every input.
-  std::set<std::string> differentiated;
-  for (const auto& [o, i] : pairs)
-    differentiated.insert(o);
-  differentiated.insert(_roles.state.begin(), _roles.state.end());
-  for (const auto& o : differentiated)
-    for (const auto& i : _model->input_names())
-      if (!pairs.count({o, i}))
-        throw FatalError(fmt::format(
-            "MaterialState::step(): the derivatives of a cut step are chained through its "
-            "spans, which needs d({})/d({}), a block the artifact lacks; compile it with -d : "
-            "(every pair), or step with max_cuts = 0",
-            o, i));
+  if (options.derivatives && options.max_cuts > 0 && !_missing_block.empty())
+    throw FatalError(fmt::format(
+        "MaterialState::step(): the derivatives of a cut step are chained through its spans, "
+        "which needs {}, a block the artifact lacks; compile it with -d : (every pair), or "
+        "step with max_cuts = 0",
+        _missing_block));
   return checked;
 }
 
@@ -227,11 +232,16 @@ const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions
   const auto inputs = step_inputs(*_model, _roles, _start, given);
   auto e = detail::evaluate_points(*_model, inputs, options.derivatives);
   StepResult r;
-  r.converged = e.converged.defined() ? e.converged.to(_options.device())
-                                      : at::ones({_points}, _options.dtype(at::kBool));
-  r.substeps = r.converged.to(at::kLong);
-  const auto failed = (~r.converged).nonzero().squeeze(1);
-  const bool cut = failed.numel() > 0 && options.max_cuts > 0;
+  at::Tensor failed; // the points that failed, when some did
+  if (e.converged.defined()) {
+    r.converged = e.converged.to(_options.device());
+    r.substeps = r.converged.to(at::kLong);
+    failed = (~r.converged).nonzero().squeeze(1);
+  } else { // shared, read-only
+    r.converged = _all_converged;
+    r.substeps = _one_substep;
+  }
+  const bool cut = failed.defined() && failed.numel() > 0 && options.max_cuts > 0;
   r.outputs = std::move(e.outputs);
   for (auto& [y, value] : r.outputs)
     value = owned_rows(value, value.sizes().vec());
@@ -245,8 +255,10 @@ const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions
       }
   if (cut)
     detail::cut_points({*_model, _roles, options, _start, given}, failed, r);
-  r.failed = (~r.converged).sum().item<std::int64_t>();
-  r.cut = (r.substeps > 1).sum().item<std::int64_t>();
+  if (failed.defined()) {
+    r.failed = (~r.converged).sum().item<std::int64_t>();
+    r.cut = (r.substeps > 1).sum().item<std::int64_t>();
+  }
 
   // Nothing above changed the state; keep the forces for accept().
   for (const auto& f : _roles.forces) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -12,6 +13,7 @@
 #include <neml2/artifact.hpp>
 
 #include "implicit/gmres.hpp"
+#include "implicit/newton_schedule.hpp"
 
 namespace neml2::detail {
 
@@ -30,6 +32,8 @@ struct NewtonGraphs {
   GraphFn matvec; ///< (u groups, g groups, params, v per unknown group) -> A v per residual group
   GraphFn precond_setup; ///< (u groups, g groups, params) -> the preconditioner's state
   GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`
+  /// The row pass's choice of graph per check, learned across solves (none: the default).
+  std::shared_ptr<NewtonSchedule> schedule;
 };
 
 /// Up to this many rows, Newton starts from the jacobian graph (one call instead of two

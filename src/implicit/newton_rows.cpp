@@ -53,10 +53,20 @@ public:
     if (rows == 0)
       return result;
 
-    bool has_a = rows <= first_from_jacobian;
+    // Which graph checks the rows: A along for small sets (a second call costs more than A),
+    // after a step of a line search (it reads A at the trial point), or where the schedule
+    // expects most rows to stay; else the residual alone, and A for the rows that stay.
+    const auto take_a = [&](std::int64_t check) {
+      return size() <= first_from_jacobian || (check > 0 && _search) ||
+             (_graphs.schedule ? _graphs.schedule->with_a(check) : check > 0);
+    };
+    bool has_a = take_a(0);
     auto results = call(has_a ? _graphs.jacobian : _graphs.residual, _u);
     for (std::int64_t it = 0;; ++it) {
+      const auto checked = size();
       auto staying = pass(results, has_a, it, true);
+      if (_graphs.schedule)
+        _graphs.schedule->record(it, checked, staying);
       if (staying == 0)
         break;
       if (!has_a) { // the first residual came without A: A for the rows that stay
@@ -70,7 +80,8 @@ public:
       if (_search)
         line_search();
       result.iterations = it + 1;
-      results = call(_graphs.jacobian, _u);
+      has_a = take_a(it + 1);
+      results = call(has_a ? _graphs.jacobian : _graphs.residual, _u);
     }
 
     double worst = 0;

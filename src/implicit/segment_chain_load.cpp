@@ -202,6 +202,7 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     step.newton.jacobian = load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size());
     step.newton.solve = load(s.solve_package, "solve_package", a_and_b, u.size());
     step.newton.a_blocks = step.a_blocks = a_blocks;
+    step.newton.schedule = std::make_shared<NewtonSchedule>();
     if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
       auto with_v = state;
       packed(with_v, u);

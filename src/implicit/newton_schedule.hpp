@@ -1,0 +1,55 @@
+#pragma once
+
+// Which graph the row pass checks its rows with at each Newton iteration, learned from the
+// solves before: the residual graph alone where most rows leave at the check (a history's
+// step after a converged one: one update, then converged), the jacobian graph (the residual
+// and A in one call) where most stay. The residuals of the two graphs are the same bits, so
+// the choice changes what a solve costs, never what it returns. Private to src/implicit/.
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+namespace neml2::detail {
+
+/// For tests: every check takes A (1), none does (0), or the schedule decides (-1).
+inline std::atomic<int> forced_newton_schedule{-1};
+
+class NewtonSchedule {
+public:
+  /// Checks tracked (0: at the initial guess); later ones are as the last.
+  static constexpr std::size_t tracked = 8;
+
+  NewtonSchedule() {
+    for (std::size_t k = 0; k < tracked; ++k)
+      _stayed[k].store(k == 0 ? 0 : static_cast<std::uint32_t>(one), std::memory_order_relaxed);
+  }
+
+  /// Whether check `k` takes A along: most rows stayed at that check in recent solves. With
+  /// nothing recorded: A from check 1 on (the rows that stay at the initial guess need it).
+  [[nodiscard]] bool with_a(std::int64_t k) const {
+    if (const auto forced = forced_newton_schedule.load(std::memory_order_relaxed); forced >= 0)
+      return forced == 1;
+    return _stayed[slot(k)].load(std::memory_order_relaxed) >= half;
+  }
+
+  /// `stayed` of the `checked` rows of check `k` iterate on: an average over recent solves
+  /// (each weighs a quarter). Racing solves may lose an update; either graph is correct.
+  void record(std::int64_t k, std::int64_t checked, std::int64_t stayed) {
+    if (checked <= 0)
+      return;
+    auto& share = _stayed[slot(k)];
+    const auto now = static_cast<std::int64_t>(share.load(std::memory_order_relaxed));
+    const auto seen = stayed * one / checked;
+    share.store(static_cast<std::uint32_t>(now + (seen - now) / 4), std::memory_order_relaxed);
+  }
+
+private:
+  static constexpr std::int64_t one = 1 << 16, half = one / 2;
+  static std::size_t slot(std::int64_t k) {
+    return static_cast<std::size_t>(k < static_cast<std::int64_t>(tracked) ? k : tracked - 1);
+  }
+  std::array<std::atomic<std::uint32_t>, tracked> _stayed; // in 1/65536 of the rows
+};
+
+} // namespace neml2::detail
