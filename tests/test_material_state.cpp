@@ -393,3 +393,136 @@ TEST_CASE("accepting a point that failed is refused, naming it") {
   CHECK(test::identical(state.start(), before));
   state.reject();
 }
+
+TEST_CASE("results straight into the host's storage: records per point, arrays per component, "
+          "a subset by index") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  MaterialState plain(model, points), aos(model, points), soa(model, points), some(model, points);
+  // Per point: stress (6), equivalent plastic strain (1), plastic strain (6), d(stress)/d(E) (36).
+  auto records = at::full({points, 49}, 7.0, at::kDouble);
+  const HostLayout records_layout{
+      .outputs = {{"stress", records.narrow(1, 0, 6)},
+                  {"equivalent_plastic_strain", records.select(1, 6)},
+                  {"plastic_strain", records.narrow(1, 7, 6)}},
+      .derivatives = {{"stress", {{"E", records.narrow(1, 13, 36).unflatten(1, {6, 6})}}}}};
+  // One array per component: stress as (6, N), read as an (N, 6) view.
+  auto stress_by_component = at::empty({6, points}, at::kDouble);
+  const HostLayout arrays_layout{.outputs = {{"stress", stress_by_component.t()}}};
+  const auto chosen = at::tensor(std::vector<std::int64_t>{5, 2, points - 1});
+  auto chosen_stress = at::empty({3, 6}, at::kDouble);
+  auto chosen_tangent = at::empty({3, 6, 6}, at::kDouble);
+  const HostLayout subset_layout{.outputs = {{"stress", chosen_stress}},
+                                 .derivatives = {{"stress", {{"E", chosen_tangent}}}},
+                                 .points = chosen};
+  for (int n = 0; n < 5; ++n) {
+    CAPTURE(n);
+    const auto in = ref.group(step_name(n) + "/in");
+    const TensorMap forces{{"E", in.at("E")}};
+    const auto& expected = plain.step(forces, in.at("t"), {.derivatives = true});
+    const auto& r = aos.step(forces, in.at("t"), {.derivatives = true, .into = records_layout});
+    CHECK(r.outputs.at("stress").data_ptr() == records.data_ptr()); // written there, not copied
+    CHECK(at::equal(records.narrow(1, 0, 6), expected.outputs.at("stress")));
+    CHECK(at::equal(records.select(1, 6), expected.outputs.at("equivalent_plastic_strain")));
+    CHECK(at::equal(records.narrow(1, 7, 6), expected.outputs.at("plastic_strain")));
+    CHECK(at::equal(records.narrow(1, 13, 36).unflatten(1, {6, 6}),
+                    expected.derivatives.at("stress").at("E")));
+    soa.step(forces, in.at("t"), {.into = arrays_layout});
+    CHECK(at::equal(stress_by_component.t(), expected.outputs.at("stress")));
+    some.step(forces, in.at("t"), {.derivatives = true, .into = subset_layout});
+    CHECK(at::equal(chosen_stress, expected.outputs.at("stress").index_select(0, chosen)));
+    CHECK(at::equal(chosen_tangent,
+                    expected.derivatives.at("stress").at("E").index_select(0, chosen)));
+    for (auto* s : {&plain, &aos, &soa, &some})
+      s->accept();
+    // A state that lives in host storage is copied at accept: the host may overwrite it.
+    records.fill_(-1.0);
+    for (const auto* s : {&aos, &soa, &some})
+      CHECK(test::identical(s->start(), plain.start()));
+  }
+}
+
+TEST_CASE("points cut alone into the host's storage: converged rows written, failed rows NaN") {
+  const ScalarCase c;
+  const auto converged = c.ref["sub/spans"] > 0;
+  const auto model = load("scalar_backward_euler");
+  auto plain = scalar_state(model, c);
+  auto hosted = scalar_state(model, c);
+  auto records = at::full({c.rows, 2}, 7.0, at::kDouble); // x, then dx/da
+  const HostLayout layout{.outputs = {{"x", records.select(1, 0)}},
+                          .derivatives = {{"x", {{"a", records.select(1, 1)}}}}};
+  const TensorMap forces{{"a", c.in.at("a")}};
+  const auto& expected = plain.step(forces, c.in.at("t"), {.derivatives = true, .max_cuts = 3});
+  const auto& r =
+      hosted.step(forces, c.in.at("t"), {.derivatives = true, .max_cuts = 3, .into = layout});
+  CHECK(at::equal(r.converged, expected.converged));
+  CHECK(at::equal(r.substeps, expected.substeps));
+  CHECK(at::equal(records.select(1, 0).index({converged}),
+                  expected.outputs.at("x").index({converged})));
+  CHECK(at::equal(records.select(1, 1).index({converged}),
+                  expected.derivatives.at("x").at("a").index({converged})));
+  CHECK(at::isnan(records.index({~converged})).all().item<bool>());
+  plain.accept();
+  hosted.accept();
+  CHECK(test::identical(hosted.start(), plain.start()));
+}
+
+TEST_CASE("a host layout that does not fit is refused before anything is written") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  MaterialState state(model, points);
+  const auto E = ref["s1/in/E"];
+  const auto t = ref["s1/in/t"];
+  auto buffer = at::full({points, 12}, 7.0, at::kDouble);
+  const auto untouched = [&] { return (buffer == 7.0).all().item<bool>(); };
+  const auto step_into = [&](HostLayout layout, bool derivatives = false) {
+    static_cast<void>(
+        state.step({{"E", E}}, t, {.derivatives = derivatives, .into = std::move(layout)}));
+  };
+  refused(
+      [&] {
+        step_into({.outputs = {{"stress", buffer.narrow(0, 0, points - 1).narrow(1, 0, 6)}}});
+      },
+      "output 'stress' is Double of shape [19, 6]; pass a Double tensor of shape [20, 6]");
+  refused(
+      [&] {
+        step_into({.outputs = {{"strss", buffer.narrow(1, 0, 6)}}});
+      },
+      "names output 'strss', which this model does not have");
+  refused(
+      [&] {
+        step_into({.derivatives = {{"stress", {{"E", at::empty({points, 6, 6}, at::kDouble)}}}}});
+      },
+      "takes derivatives, but the step computes none");
+  refused(
+      [&] {
+        step_into(
+            {.derivatives = {{"stress", {{"strain", at::empty({points, 6, 6}, at::kDouble)}}}}},
+            true);
+      },
+      "the block d(stress)/d(strain), which the artifact does not have");
+  refused(
+      [&] {
+        step_into({.outputs = {{"stress", buffer.narrow(1, 0, 6)}},
+                   .points = at::tensor(std::vector<std::int64_t>{0, points})});
+      },
+      "points run from 0 to 20");
+  // Two outputs over the same columns: the model's own check, before anything runs.
+  refused(
+      [&] {
+        step_into({.outputs = {{"stress", buffer.narrow(1, 0, 6)},
+                               {"plastic_strain", buffer.narrow(1, 3, 6)}}});
+      },
+      "share memory");
+  // The state's own start as the host's storage.
+  refused(
+      [&] {
+        step_into({.outputs = {{"plastic_strain", state.start().at("plastic_strain")}}});
+      },
+      "shares memory with the state's own 'plastic_strain'");
+  CHECK(untouched());
+  CHECK_FALSE(state.pending());
+  CHECK(at::equal(state.start().at("plastic_strain"), at::zeros({points, 6}, at::kDouble)));
+}

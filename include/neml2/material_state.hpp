@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,9 @@
 #include <neml2/dispatch_fwd.hpp>
 
 namespace neml2 {
+namespace detail {
+struct PointsEvaluation; // a step's evaluation (src/host/step_cuts.hpp)
+}
 
 /// @brief How a model's inputs pair up over a time step, from their names (as NEML2's
 /// drivers pair them): `x~1` is the value of `x` at the start of the step.
@@ -34,6 +38,27 @@ struct StateRoles {
 /// The roles of `model`'s inputs and outputs.
 [[nodiscard]] StateRoles state_roles(const AnyDispatchedModel& model);
 
+/// @brief Where a step writes its results: tensors the host owns, in its own layout.
+/// @code
+/// // An array of structures: per point, 6 stress values then the 36 of d(stress)/d(E).
+/// auto records = at::empty({points, 42}, at::kDouble);
+/// neml2::HostLayout into{.outputs = {{"stress", records.narrow(1, 0, 6)}},
+///                        .derivatives = {{"stress", {{"E", records.narrow(1, 6, 36).view({points,
+///                        6, 6})}}}}};
+/// state.step(forces, t, {.derivatives = true, .into = into});
+/// @endcode
+struct HostLayout {
+  /// Outputs by name: `(N, ...)`, or `(K, ...)` with `points`; in the model's dtype, on any
+  /// device, with any strides whose elements are distinct (a column slice of records).
+  TensorMap outputs;
+  /// Derivative blocks `[out][in]`, `(N, *out_base, *in_base)` (or `(K, ...)`), the same way.
+  VariablePairJacobian derivatives;
+  /// Optional int64 `(K,)`: the state's points the rows hold, in order (a subset, or the
+  /// host's own numbering); their results are copied in. Without it every point, in order,
+  /// is written by the model's graphs themselves: no copy.
+  at::Tensor points;
+};
+
 /// How MaterialState::step evaluates.
 struct StepOptions {
   /// Also the derivatives `J[out][in]` of the whole step (jacobian()); for a cut point they
@@ -42,6 +67,8 @@ struct StepOptions {
   /// A point whose step fails (Newton does not converge) retries it alone, its forces and
   /// time interpolated over spans bisected down to 2^-max_cuts of the step; 0: no retry.
   int max_cuts = 0;
+  /// Results also (or only) in the host's storage; StepResult then refers to it.
+  HostLayout into = {};
 };
 
 /// What a step found. Its tensors are valid until the next step(); read, do not write them.
@@ -116,6 +143,9 @@ public:
 private:
   [[nodiscard]] TensorMap checked_forces(const TensorMap& forces, const StepOptions& options) const;
   [[nodiscard]] at::Tensor selected_points(const at::Tensor& points) const;
+  void check_layout(const HostLayout& into, const StepOptions& options) const;
+  [[nodiscard]] detail::PointsEvaluation evaluate_into(const TensorMap& inputs,
+                                                       const StepOptions& options) const;
 
   const AnyDispatchedModel* _model;
   StateRoles _roles;
@@ -128,6 +158,9 @@ private:
   bool _pending = false;
   at::Tensor _all_converged, _one_substep; // a step's flags when every point converged
   bool _has_jacobian = false;
+  std::set<std::string> _host_owned; // outputs of the pending trial that live in host storage
+  std::map<std::string, Shape> _input_shapes, _output_shapes; // per point, by public name
+  std::vector<std::pair<std::string, std::string>> _pairs;    // (out, in) with derivatives
   std::string _missing_block; // a derivative block cut steps need and the artifact lacks
 };
 
