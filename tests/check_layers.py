@@ -43,6 +43,7 @@ PUBLIC_HEADERS = {
     # compiled in engine/async/, but DispatcherOf<P> (engine) holds one
     "detail/async_engine.hpp": "engine",
     "material_state.hpp": "host",
+    "submitted.hpp": "host",
     "tune.hpp": "tools",
     "simulate.hpp": "tools",
     "artifact_info.hpp": "tools",

@@ -5,8 +5,10 @@
 /// kept by the library over any DispatchedModel. The start of the step and its trial end,
 /// step / accept / reject, and the points that fail cut alone. See docs/hosts.md.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <neml2/dispatch_fwd.hpp>
+#include <neml2/submitted.hpp>
 
 namespace neml2 {
 namespace detail {
@@ -131,6 +134,14 @@ public:
   const StepResult& step(const TensorMap& forces, const at::Tensor& t,
                          const StepOptions& options = {});
 
+  /// @brief step() on the library's worker thread (submitted.hpp): returns at once, and
+  /// the handle's wait() gives the step's result or throws what step() would. Until then
+  /// the state takes no other step, submission, accept or reject (a FatalError).
+  Submitted<const StepResult&> submit(const TensorMap& forces, const StepOptions& options = {});
+  /// The same with the time `t` given apart.
+  Submitted<const StepResult&> submit(const TensorMap& forces, const at::Tensor& t,
+                                      const StepOptions& options = {});
+
   /// Makes the trial the start of the next step for every point that converged (the
   /// others keep their start). A FatalError when no step is pending.
   void accept();
@@ -138,11 +149,14 @@ public:
   /// converged (checked before anything is written).
   void accept(const at::Tensor& points);
   /// Drops the trial: the start stays as it was.
-  void reject() noexcept { _pending = false; }
+  void reject();
 
 private:
   [[nodiscard]] TensorMap checked_forces(const TensorMap& forces, const StepOptions& options) const;
   [[nodiscard]] at::Tensor selected_points(const at::Tensor& points) const;
+  [[nodiscard]] TensorMap with_time(const TensorMap& forces, const at::Tensor& t) const;
+  const StepResult& run_step(const TensorMap& forces, const StepOptions& options);
+  void refuse_while_submitted(const char* what) const;
   void check_layout(const HostLayout& into, const StepOptions& options) const;
   [[nodiscard]] detail::PointsEvaluation evaluate_into(const TensorMap& inputs,
                                                        const StepOptions& options) const;
@@ -156,6 +170,7 @@ private:
   TensorMap _forces;                    // the pending step's forces, copied (what accept() takes)
   StepResult _result;                   // the pending step's
   bool _pending = false;
+  std::shared_ptr<std::atomic<bool>> _submitted = std::make_shared<std::atomic<bool>>(false);
   at::Tensor _all_converged, _one_substep; // a step's flags when every point converged
   bool _has_jacobian = false;
   std::set<std::string> _host_owned; // outputs of the pending trial that live in host storage

@@ -240,17 +240,38 @@ TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptio
   return checked;
 }
 
-const StepResult& MaterialState::step(const TensorMap& forces, const at::Tensor& t,
-                                      const StepOptions& options) {
+TensorMap MaterialState::with_time(const TensorMap& forces, const at::Tensor& t) const {
   if (!contains(_roles.forces, "t") && !contains(_roles.given, "t"))
     throw FatalError("MaterialState::step(): a time was given, but this model has no input 't'; "
                      "call step(forces) without it");
   if (forces.count("t"))
     throw FatalError("MaterialState::step(): 't' is given twice, in the forces and apart; give "
                      "it once");
-  auto with_time = forces;
-  with_time.emplace("t", t);
-  return step(with_time, options);
+  auto with = forces;
+  with.emplace("t", t);
+  return with;
+}
+
+void MaterialState::refuse_while_submitted(const char* what) const {
+  if (_submitted->load())
+    throw FatalError(fmt::format("MaterialState::{}(): a submitted step is running; wait() for "
+                                 "it first",
+                                 what));
+}
+
+const StepResult& MaterialState::step(const TensorMap& forces, const at::Tensor& t,
+                                      const StepOptions& options) {
+  return step(with_time(forces, t), options);
+}
+
+const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions& options) {
+  refuse_while_submitted("step");
+  return run_step(forces, options);
+}
+
+void MaterialState::reject() {
+  refuse_while_submitted("reject");
+  _pending = false;
 }
 
 void MaterialState::check_layout(const HostLayout& into, const StepOptions& options) const {
@@ -357,7 +378,7 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
   return e;
 }
 
-const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions& options) {
+const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOptions& options) {
   const auto given = checked_forces(forces, options);
   const auto& into = options.into;
   check_layout(into, options);
@@ -446,6 +467,7 @@ at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
 }
 
 void MaterialState::accept() {
+  refuse_while_submitted("accept");
   if (!_pending)
     throw FatalError("MaterialState::accept(): no step is pending; call step() first (a step is "
                      "accepted or rejected once)");
@@ -462,6 +484,7 @@ void MaterialState::accept() {
 }
 
 void MaterialState::accept(const at::Tensor& points) {
+  refuse_while_submitted("accept");
   if (!_pending)
     throw FatalError("MaterialState::accept(): no step is pending; call step() first (a step is "
                      "accepted or rejected once)");

@@ -1,0 +1,43 @@
+// The worker thread behind submitted calls, started by the first submission, and
+// MaterialState::submit. In an object of its own: a program that never submits links none
+// of it (nor the worker pool).
+
+#include <ATen/Parallel.h>
+
+#include <neml2/material_state.hpp>
+#include <neml2/submitted.hpp>
+
+#include "engine/async/worker_pool.hpp"
+
+namespace neml2 {
+
+void detail::run_submitted(std::function<void()> task) {
+  static WorkerPool worker({{c10::kCPU, 1}});
+  // The submitting thread's intra-op threads, not the worker's default (OpenMP's count is
+  // per thread).
+  worker.submit(0, [threads = at::get_num_threads(), task = std::move(task)] {
+    if (at::get_num_threads() != threads)
+      at::set_num_threads(threads);
+    task();
+  });
+}
+
+Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces,
+                                                   const StepOptions& options) {
+  refuse_while_submitted("submit");
+  _submitted->store(true);
+  return detail::submit_call<const StepResult&>([this, forces, options]() -> const StepResult& {
+    struct Clear {
+      std::atomic<bool>& flag;
+      ~Clear() { flag.store(false); }
+    } clear{*_submitted};
+    return run_step(forces, options);
+  });
+}
+
+Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces, const at::Tensor& t,
+                                                   const StepOptions& options) {
+  return submit(with_time(forces, t), options);
+}
+
+} // namespace neml2

@@ -1,0 +1,121 @@
+// Submitted calls: the model's and a MaterialState's step on the worker thread, equal to
+// the blocking calls; errors at the wait; the state guarded meanwhile. Run under TSan.
+
+#include <functional>
+#include <future>
+
+#include "engine/async/worker_pool.hpp"
+#include "model_checks.hpp"
+
+using namespace neml2;
+
+namespace {
+
+DispatchedModel<SyncChunking> load(const std::string& artifact) {
+  return load_model(test::stub(artifact, "model"), "model");
+}
+
+} // namespace
+
+TEST_CASE("a submitted call gives the blocking call's results, bit for bit, and its errors at "
+          "the wait") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto in = ref.group("s3/in");
+  auto forward = submit_forward(model, in);
+  auto jacobian = submit_jacobian(model, in);
+  const auto [out, J] = model.jacobian(in); // the host's own work meanwhile
+  CHECK(test::identical(forward.wait(), out));
+  const auto [out2, J2] = jacobian.wait();
+  CHECK(test::identical(out2, out));
+  CHECK(test::identical(J2.at("stress"), J.at("stress")));
+  CHECK_FALSE(forward.valid());
+  CHECK(test::contains(test::fatal_message([&] { static_cast<void>(forward.wait()); }),
+                       "a handle is waited for once"));
+
+  // A bad input: nothing thrown at submission, the blocking call's error at the wait.
+  auto bad = in;
+  bad.erase("E");
+  auto failing = submit_forward(model, bad);
+  std::string blocking, submitted;
+  try {
+    static_cast<void>(model.forward(bad));
+  } catch (const FatalError& e) {
+    blocking = e.what();
+  }
+  try {
+    static_cast<void>(failing.wait());
+  } catch (const FatalError& e) {
+    submitted = e.what();
+  }
+  CHECK(!blocking.empty());
+  CHECK(submitted == blocking);
+}
+
+TEST_CASE("a submitted step: the blocking step's result; the state refuses other work until "
+          "the wait") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  MaterialState blocking(model, points), submitted(model, points);
+  for (int n = 0; n < 5; ++n) {
+    CAPTURE(n);
+    const auto in = ref.group("s" + std::to_string(n) + "/in");
+    const TensorMap forces{{"E", in.at("E")}};
+    auto pending = submitted.submit(forces, in.at("t"), {.derivatives = true});
+    const auto& expected = blocking.step(forces, in.at("t"), {.derivatives = true});
+    const auto& r = pending.wait();
+    CHECK(&r != &expected);
+    CHECK(test::identical(r.outputs, expected.outputs));
+    CHECK(at::equal(r.derivatives.at("stress").at("E"), expected.derivatives.at("stress").at("E")));
+    submitted.accept();
+    blocking.accept();
+    CHECK(test::identical(submitted.start(), blocking.start()));
+  }
+
+  // While a step runs (held at its chunk by the observer): no step, submission, accept or
+  // reject.
+  const auto in = ref.group("s4/in");
+  auto gated = load("j2_radial_return");
+  std::promise<void> release;
+  gated.set_observer([held = release.get_future().share()](const ChunkEvent&) { held.wait(); });
+  MaterialState held_state(gated, points);
+  auto pending = held_state.submit({{"E", in.at("E")}}, in.at("t"));
+  for (const auto& refused : std::vector<std::function<void()>>{
+           [&] {
+             static_cast<void>(held_state.step({{"E", in.at("E")}}, in.at("t")));
+           },
+           [&] {
+             static_cast<void>(held_state.submit({{"E", in.at("E")}}, in.at("t")));
+           },
+           [&] { held_state.accept(); }, [&] { held_state.reject(); }})
+    CHECK(test::contains(test::fatal_message(refused), "a submitted step is running"));
+  CHECK_FALSE(pending.ready());
+  release.set_value();
+  pending.wait();
+  held_state.accept();
+  gated.set_observer({});
+
+  // A bad force: the step's own error, at the wait; the state as it was.
+  const auto before = submitted.start();
+  auto failing = submitted.submit({{"strain", in.at("E")}}, in.at("t"));
+  CHECK(test::contains(test::fatal_message([&] { static_cast<void>(failing.wait()); }),
+                       "'strain' is not a force or given input"));
+  CHECK_FALSE(submitted.pending());
+  CHECK(test::identical(submitted.start(), before));
+}
+
+TEST_CASE("a handle dropped without a wait waits for its call") {
+  const test::Reference ref("j2_radial_return");
+  const auto in = ref.group("s3/in");
+  TensorMap out;
+  {
+    const auto model = load("j2_radial_return");
+    auto pending = submit_forward(model, in);
+    // The model is destroyed after the handle: the call has ended by then.
+  }
+  const auto model = load("j2_radial_return");
+  CHECK(test::identical(submit_forward(model, in).wait(), model.forward(in)));
+  CHECK(neml2::detail::WorkerPool::live_threads() >=
+        1); // the worker, started by the first submission
+}
