@@ -2,6 +2,7 @@
 // operation, policy and chunk size, through strided and offset views; refused cleanly when
 // a tensor does not fit, with the caller's data untouched.
 
+#include <set>
 #include <thread>
 
 #include <c10/core/CPUAllocator.h>
@@ -736,5 +737,52 @@ TEST_CASE("outputs that overlap an input, shifted or strided, get the results of
                    }),
                    "tangent of output 'stress' and output 'stress' share memory"));
     CHECK(at::equal(pair, at::full_like(pair, 7.0))); // untouched
+  }
+}
+
+TEST_CASE("columns of one record buffer: apart or meeting, judged by the rows' footprints as the "
+          "element-by-element check judges them") {
+  // share_memory's fast path for views with one row stride (engine/placement.cpp), against
+  // the element sets themselves.
+  const auto meet = [](const at::Tensor& a, const at::Tensor& b) {
+    std::set<const void*> bytes;
+    const auto size = static_cast<std::int64_t>(a.element_size());
+    const auto mark = [&](const at::Tensor& t, bool check) {
+      for (std::int64_t e = 0; e < t.numel(); ++e) {
+        std::int64_t offset = 0, rest = e;
+        for (std::int64_t k = t.dim() - 1; k >= 0; --k) {
+          offset += (rest % t.size(k)) * t.stride(k);
+          rest /= t.size(k);
+        }
+        for (std::int64_t byte = 0; byte < size; ++byte) {
+          const auto* p = static_cast<const char*>(t.const_data_ptr()) + offset * size + byte;
+          if (check && bytes.count(p))
+            return true;
+          if (!check)
+            bytes.insert(p);
+        }
+      }
+      return false;
+    };
+    mark(a, false);
+    return mark(b, true);
+  };
+  auto records = at::zeros({5, 13}, at::kDouble);
+  const auto column = [&](std::int64_t first, std::int64_t n) {
+    return records.narrow(1, first, n);
+  };
+  const std::vector<std::pair<at::Tensor, at::Tensor>> cases = {
+      {column(0, 6), column(6, 6)},  // side by side
+      {column(0, 6), column(5, 6)},  // one column shared
+      {column(12, 1), column(0, 1)}, // the last column, the first of the next row
+      {records.narrow(1, 0, 12).unflatten(1, {6, 2}).select(2, 0),
+       records.narrow(1, 0, 12).unflatten(1, {6, 2}).select(2, 1)}, // interleaved components
+      {column(0, 13), column(3, 2)},                                // one inside the other
+      {records.narrow(0, 1, 4).narrow(1, 0, 2), column(11, 2)}};    // rows shifted: wraps around
+  for (std::size_t c = 0; c < cases.size(); ++c) {
+    CAPTURE(c);
+    const auto& [a, b] = cases[c];
+    CHECK(neml2::detail::share_memory(a, b) == meet(a, b));
+    CHECK(neml2::detail::share_memory(b, a) == meet(a, b));
   }
 }

@@ -72,6 +72,32 @@ at::Tensor element_starts(const at::Tensor& t, std::int64_t shift) {
         (starts.unsqueeze(-1) + at::arange(t.size(k), at::kLong) * (t.stride(k) * size)).flatten();
   return std::get<0>(starts.sort());
 }
+
+// Whether two views with the same row stride (columns of a host's records, one row per
+// point) certainly miss each other: each row's elements lie within one row stride, and the
+// rows' footprints do not meet on the circle of that stride. False: they may meet.
+bool rows_apart(const at::Tensor& a, const at::Tensor& b, std::uintptr_t a_begin,
+                std::uintptr_t b_begin) {
+  if (a.dim() < 1 || b.dim() < 1 || a.stride(0) != b.stride(0) ||
+      a.element_size() != b.element_size())
+    return false;
+  const auto size = static_cast<std::int64_t>(a.element_size());
+  const auto row = a.stride(0) * size;
+  const auto footprint = [&](const at::Tensor& t) {
+    std::int64_t last = 0;
+    for (std::int64_t k = 1; k < t.dim(); ++k) {
+      if (t.stride(k) < 0)
+        return row + 1;
+      last += (t.size(k) - 1) * t.stride(k);
+    }
+    return (last + 1) * size;
+  };
+  const auto fa = footprint(a), fb = footprint(b);
+  if (row <= 0 || fa > row || fb > row)
+    return false;
+  const auto shift = (static_cast<std::int64_t>(b_begin - a_begin) % row + row) % row;
+  return shift >= fa && shift + fb <= row;
+}
 } // namespace
 
 bool share_memory(const at::Tensor& a, const at::Tensor& b) {
@@ -94,6 +120,8 @@ bool share_memory(const at::Tensor& a, const at::Tensor& b) {
   // of a strided one: element by element then.)
   if (a.is_non_overlapping_and_dense() && b.is_non_overlapping_and_dense())
     return true;
+  if (rows_apart(a, b, a_begin, b_begin))
+    return false;
   // Spans that meet, a strided view among them: element by element. The last element of `b`
   // that starts before one of `a` ends meets it if it ends after that one starts (the
   // elements of `b` all have one size).

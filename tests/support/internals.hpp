@@ -5,6 +5,7 @@
 // a test, one graph, the call protocol, the result memory, and the worker pool's threads.
 
 #include "engine/async/worker_pool.hpp"
+#include "engine/placement.hpp"
 #include "graph/graph.hpp"
 #include "implicit/newton.hpp"
 #include "implicit/newton_rows.hpp"
