@@ -526,3 +526,36 @@ TEST_CASE("a host layout that does not fit is refused before anything is written
   CHECK_FALSE(state.pending());
   CHECK(at::equal(state.start().at("plastic_strain"), at::zeros({points, 6}, at::kDouble)));
 }
+
+TEST_CASE("a model with a promoted parameter: its value seen by every step, each step the "
+          "closed form's, and explicit models step as their forward()") {
+  // -p residual.square.scaling: x' = a - s x^2, one backward-Euler step x + h s x^2 = x~1 + h a.
+  auto model = load("scalar_backward_euler_params");
+  const double s = 2.0, h = 0.1;
+  model.set_parameter("residual.square.scaling", at::full({}, s, at::kDouble));
+  const auto a = at::tensor({1.0, 2.0, 0.3}, at::kDouble);
+  MaterialState state(model, 3, {{"x", at::full({}, 0.5)}});
+  auto x = at::full({3}, 0.5, at::kDouble);
+  for (int n = 1; n <= 4; ++n) {
+    CAPTURE(n);
+    const auto& r = state.step({{"a", a}}, at::full({3}, h * n, at::kDouble));
+    x = (at::sqrt(1 + 4 * h * s * (x + h * a)) - 1) / (2 * h * s);
+    test::check_close(r.outputs.at("x"), x, "closed form", 1e-8);
+    state.accept();
+    x = state.start().at("x");
+  }
+
+  // An explicit model: no state, a step is its forward().
+  const test::Reference ref("elasticity");
+  const auto elastic = load_model(test::stub("elasticity", "elasticity"));
+  const auto strain = ref["b33/in/strain"];
+  MaterialState points(elastic, strain.size(0));
+  const auto& r = points.step({{"strain", strain}}, {.derivatives = true});
+  const auto [out, J] = elastic.jacobian({{"strain", strain}});
+  CHECK(test::identical(r.outputs, out));
+  CHECK(at::equal(r.derivatives.at("stress").at("strain"),
+                  J.at("stress").at("strain").expand_as(r.derivatives.at("stress").at("strain"))));
+  CHECK(r.derivatives.at("stress").at("strain").size(0) == strain.size(0));
+  points.accept();
+  CHECK(points.start().empty());
+}
