@@ -31,7 +31,9 @@ public:
   /// The handle of the call that will fulfil `result`.
   explicit Submitted(std::future<T> result)
       : _result(std::move(result)) {}
+  /// Takes over `other`'s call.
   Submitted(Submitted&&) noexcept = default;
+  /// Waits for this handle's call, then takes over `other`'s.
   Submitted& operator=(Submitted&& other) noexcept {
     finish();
     _result = std::move(other._result);
