@@ -295,8 +295,14 @@ def check_stopped_between_chunks(strain, out):
 def test_ctrl_c_stops_a_long_call_between_chunks(policy):
     model = nd.load_model(stub("elasticity", "elasticity"), "elasticity", policy)
     strain, out = torch.rand(ROWS, 6) * 1e-3, torch.full((ROWS, 6), math.nan)
-    with pytest.raises(KeyboardInterrupt):
-        interrupted_call(model, strain, out)
+    # Python's own Ctrl-C handler, even where the suite was started with SIGINT ignored (a
+    # background job: Python then installs none, and the signal would be dropped).
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            interrupted_call(model, strain, out)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     check_stopped_between_chunks(strain, out)
     out = torch.empty(ROWS, 6)  # the model goes on
     model.forward_into({"strain": strain}, {"stress": out})
