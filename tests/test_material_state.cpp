@@ -559,3 +559,83 @@ TEST_CASE("a model with a promoted parameter: its value seen by every step, each
   points.accept();
   CHECK(points.start().empty());
 }
+
+TEST_CASE("tensors once handed out (start(), a step's results) are never written again") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  MaterialState state(model, points);
+  // Handles a host may keep, and their values when taken.
+  std::vector<std::pair<at::Tensor, at::Tensor>> held;
+  const auto hold = [&](const at::Tensor& t) { held.emplace_back(t, t.clone()); };
+  auto records = at::empty({points, 6}, at::kDouble);
+  for (int n = 0; n < 5; ++n) {
+    const auto in = ref.group(step_name(n) + "/in");
+    for (const auto& [name, t] : state.start())
+      hold(t);
+    const auto& r = n % 2 ? state.step({{"E", in.at("E")}}, in.at("t"))
+                          : state.step({{"E", in.at("E")}}, in.at("t"),
+                                       {.into = {.outputs = {{"plastic_strain", records}}}});
+    for (const auto& [name, t] : r.outputs)
+      if (!t.is_same(records))
+        hold(t);
+    // Every second step only some points move (a partial accept writes new tensors).
+    n == 3 ? state.accept(at::arange(0, points, 2)) : state.accept();
+  }
+  for (std::size_t k = 0; k < held.size(); ++k) {
+    CAPTURE(k);
+    CHECK(at::equal(held[k].first, held[k].second));
+  }
+}
+
+TEST_CASE("a force or given input in the same memory as a result the layout receives is read "
+          "as given, also by the retry of failed points") {
+  const ScalarCase c;
+  const auto model = load("scalar_backward_euler");
+  auto plain = scalar_state(model, c);
+  auto shared = scalar_state(model, c);
+  const auto& expected = plain.step({{"a", c.in.at("a")}}, c.in.at("t"), {.max_cuts = 3});
+  // One column holds `a`, and receives x; another holds t, and receives dx/da.
+  auto records = at::stack({c.in.at("a"), c.in.at("t")}, 1);
+  const auto& r = shared.step({{"a", records.select(1, 0)}}, records.select(1, 1),
+                              {.derivatives = true,
+                               .max_cuts = 3,
+                               .into = {.outputs = {{"x", records.select(1, 0)}},
+                                        .derivatives = {{"x", {{"a", records.select(1, 1)}}}}}});
+  CHECK(r.cut > 0);
+  CHECK(at::equal(r.converged, expected.converged));
+  CHECK(at::equal(r.substeps, expected.substeps));
+  const auto ok = expected.converged;
+  CHECK(at::equal(records.select(1, 0).index({ok}), expected.outputs.at("x").index({ok})));
+  plain.accept();
+  shared.accept();
+  CHECK(test::identical(shared.start(), plain.start())); // t as given, not dx/da
+}
+
+TEST_CASE("a callback of the model that steps and accepts the same state meanwhile") {
+  // The observer (called per chunk) steps the state again and accepts: the outer step runs
+  // on the start it began with, then replaces the trial; nothing crashes or mixes.
+  const test::Reference ref("j2_radial_return");
+  auto model =
+      load_model(test::stub("j2_radial_return", "model"), "model", SyncChunking{.batch_size = 8});
+  const auto points = ref["s0/in/E"].size(0);
+  const auto in = ref.group("s2/in");
+  const auto other = ref.group("s4/in");
+  MaterialState state(model, points);
+  bool inside = false;
+  model.set_observer([&](const ChunkEvent&) {
+    if (inside)
+      return;
+    inside = true;
+    state.step({{"E", other.at("E")}}, other.at("t"));
+    state.accept();
+  });
+  const auto& r = state.step({{"E", in.at("E")}}, in.at("t"));
+  model.set_observer({});
+  MaterialState fresh(model, points);
+  const auto& expected = fresh.step({{"E", in.at("E")}}, in.at("t"));
+  CHECK(test::identical(r.outputs, expected.outputs));
+  state.accept();
+  for (const auto& x : state.roles().state)
+    CHECK(at::equal(state.start().at(x), expected.outputs.at(x)));
+}

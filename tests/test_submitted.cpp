@@ -1,8 +1,11 @@
 // Submitted calls: the model's and a MaterialState's step on the worker thread, equal to
 // the blocking calls; errors at the wait; the state guarded meanwhile. Run under TSan.
 
+#include <atomic>
+#include <chrono>
 #include <functional>
 #include <future>
+#include <thread>
 
 #include "engine/async/worker_pool.hpp"
 #include "model_checks.hpp"
@@ -118,4 +121,29 @@ TEST_CASE("a handle dropped without a wait waits for its call") {
   CHECK(test::identical(submit_forward(model, in).wait(), model.forward(in)));
   CHECK(neml2::detail::WorkerPool::live_threads() >=
         1); // the worker, started by the first submission
+}
+
+TEST_CASE("a state destroyed while its submitted step runs waits for it") {
+  const test::Reference ref("j2_radial_return");
+  auto model = load_model(test::stub("j2_radial_return", "model"), "model",
+                          SyncChunking{.batch_size = 8}); // 20 points: 3 chunks
+  const auto in = ref.group("s3/in");
+  std::promise<void> release;
+  std::atomic<int> chunks{0};
+  model.set_observer([held = release.get_future().share(), &chunks](const ChunkEvent&) {
+    held.wait();
+    ++chunks;
+  });
+  Submitted<const StepResult&> pending;
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    release.set_value();
+  });
+  {
+    MaterialState state(model, in.at("E").size(0));
+    pending = state.submit({{"E", in.at("E")}}, in.at("t"));
+  } // the destructor waits for the step
+  CHECK(chunks.load() == 3);
+  releaser.join();
+  model.set_observer({});
 }

@@ -5,8 +5,8 @@
 /// kept by the library over any DispatchedModel. The start of the step and its trial end,
 /// step / accept / reject, and the points that fail cut alone. See docs/hosts.md.
 
-#include <atomic>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <set>
@@ -115,6 +115,12 @@ public:
   /// (`h~1`): `(N, ...)` or broadcast to it; the rest start at 0. Throws FatalError.
   MaterialState(const AnyDispatchedModel& model, std::int64_t points,
                 const TensorMap& initial = {});
+  /// Waits for a submitted step still running.
+  ~MaterialState();
+  /// Moves the state (not while a step of either is submitted).
+  MaterialState(MaterialState&&) noexcept = default;
+  /// Moves the state (not while a step of either is submitted).
+  MaterialState& operator=(MaterialState&&) noexcept = default;
 
   /// The roles of the model's variables.
   [[nodiscard]] const StateRoles& roles() const noexcept { return _roles; }
@@ -170,7 +176,7 @@ private:
   TensorMap _forces;                    // the pending step's forces, copied (what accept() takes)
   StepResult _result;                   // the pending step's
   bool _pending = false;
-  std::shared_ptr<std::atomic<bool>> _submitted = std::make_shared<std::atomic<bool>>(false);
+  std::shared_future<void> _submitted;     // ready once the last submitted step has ended
   at::Tensor _all_converged, _one_substep; // a step's flags when every point converged
   bool _has_jacobian = false;
   std::set<std::string> _host_owned; // outputs of the pending trial that live in host storage

@@ -102,6 +102,9 @@ public:
   [[nodiscard]] const std::vector<Shape>& output_base_shapes() const noexcept;
   /// Each promoted parameter's base shape, by public name.
   [[nodiscard]] const std::map<std::string, Shape>& parameter_base_shapes() const noexcept;
+  /// The blocks jacobian() returns, as (output, input) public names in the graphs' order;
+  /// none without Jacobian graphs.
+  [[nodiscard]] std::vector<std::pair<std::string, std::string>> jacobian_pairs() const;
   /// The device the graphs run on, resolved (a bare `cuda` pinned to an index).
   [[nodiscard]] const Device& device() const noexcept;
   /// The dtype the graphs compute in.

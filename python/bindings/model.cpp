@@ -190,8 +190,7 @@ std::unique_ptr<Model> load(const std::filesystem::path& path, py::object name, 
   };
   if (holds<SyncChunking>(policy)) {
     auto p = policy.cast<SyncChunking>();
-    return made([&] { return DispatchedModel<SyncChunking>(artifact(), p, dtype); },
-                py::cast(p));
+    return made([&] { return DispatchedModel<SyncChunking>(artifact(), p, dtype); }, py::cast(p));
   }
   if (holds<GreedyPriorityCapacity>(policy)) {
     auto p = policy.cast<GreedyPriorityCapacity>();
@@ -285,8 +284,7 @@ void bind_model(py::module_& m) {
             const auto in = to_map(inputs, "inputs");
             auto [out, J] = self.call([&] { return self.model.jacobian(in); });
             const auto& names = self.model.output_names();
-            return py::make_tuple(to_dict(out, names),
-                                  to_dict(J, names, self.model.input_names()));
+            return py::make_tuple(to_dict(out, names), to_dict(J, names, self.model.input_names()));
           },
           "inputs"_a, "(outputs, J), J[out][in] of shape (B, *out_base, *in_base).")
       .def(
@@ -433,8 +431,8 @@ void bind_model(py::module_& m) {
               return name;
             };
             py::list inputs, parameters;
-            for (const auto& [o, i] : a.derivatives)
-              inputs.append(py::make_tuple(public_name(a.outputs, o), public_name(a.inputs, i)));
+            for (const auto& [o, i] : self.model.sessions().front().jacobian_pairs())
+              inputs.append(py::make_tuple(o, i));
             for (const auto& [o, p] : a.parameter_derivatives)
               parameters.append(
                   py::make_tuple(public_name(a.outputs, o), public_name(a.parameters, p)));

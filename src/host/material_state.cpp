@@ -2,6 +2,7 @@
 // accept and reject. The retry of failing points is step_cuts.cpp.
 
 #include <algorithm>
+#include <chrono>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -11,6 +12,7 @@
 #include <neml2/dispatch_fwd.hpp>
 #include <neml2/material_state.hpp>
 
+#include "engine/placement.hpp"
 #include "host/points.hpp"
 #include "host/step_cuts.hpp"
 
@@ -87,18 +89,16 @@ TensorMap step_inputs(const AnyDispatchedModel& model, const StateRoles& roles,
   return in;
 }
 
-// Pairs (output, input) the model has derivatives of, by public name.
-std::set<std::pair<std::string, std::string>> derivative_pairs(const Artifact& a) {
-  const auto public_name = [](const std::vector<VariableSpec>& specs, const std::string& name) {
-    for (const auto& s : specs)
-      if (s.name == name)
-        return s.public_name;
-    return name;
-  };
-  std::set<std::pair<std::string, std::string>> pairs;
-  for (const auto& [o, i] : a.derivatives)
-    pairs.emplace(public_name(a.outputs, o), public_name(a.inputs, i));
-  return pairs;
+// Whether `t` shares memory with a tensor of the host's layout.
+bool overlaps(const HostLayout& into, const at::Tensor& t) {
+  for (const auto& [y, d] : into.outputs)
+    if (detail::share_memory(d, t))
+      return true;
+  for (const auto& [y, blocks] : into.derivatives)
+    for (const auto& [z, d] : blocks)
+      if (detail::share_memory(d, t))
+        return true;
+  return false;
 }
 
 // `t` as (points, *shape) owning its memory (a batch-independent block is copied per point).
@@ -172,8 +172,8 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
 
   // A cut point's derivatives are chained through its spans: every output that has
   // derivatives needs them with respect to every input.
-  const auto pairs = derivative_pairs(model.artifact());
-  _pairs.assign(pairs.begin(), pairs.end());
+  _pairs = model.sessions().front().jacobian_pairs();
+  const std::set<std::pair<std::string, std::string>> pairs(_pairs.begin(), _pairs.end());
   std::set<std::string> differentiated(_roles.state.begin(), _roles.state.end());
   for (const auto& [o, i] : pairs)
     differentiated.insert(o);
@@ -229,8 +229,14 @@ TensorMap MaterialState::with_time(const TensorMap& forces, const at::Tensor& t)
   return with;
 }
 
+MaterialState::~MaterialState() {
+  if (_submitted.valid())
+    _submitted.wait();
+}
+
 void MaterialState::refuse_while_submitted(const char* what) const {
-  if (_submitted->load())
+  if (_submitted.valid() &&
+      _submitted.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
     throw FatalError(fmt::format("MaterialState::{}(): a submitted step is running; wait() for "
                                  "it first",
                                  what));
@@ -252,12 +258,23 @@ void MaterialState::reject() {
 }
 
 const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOptions& options) {
-  const auto given = checked_forces(forces, options);
+  auto values = checked_forces(forces, options);
   const auto& into = options.into;
   check_layout(into, options);
   const bool direct =
       !into.points.defined() && (!into.outputs.empty() || !into.derivatives.empty());
-  const auto inputs = step_inputs(*_model, _roles, _start, given);
+  // The forces copied before anything runs: accept() takes them, and the host's memory may
+  // change meanwhile (or be written by this very step, under a layout). A given input the
+  // layout will write over is read from a copy too (the retry of failed points reads it
+  // again after the model has written).
+  TensorMap kept;
+  for (const auto& f : _roles.forces)
+    values.at(f) = kept.emplace(f, at::empty_like(_start.at(f)).copy_(values.at(f))).first->second;
+  if (direct)
+    for (const auto& g : _roles.given)
+      if (overlaps(into, values.at(g)))
+        values.at(g) = values.at(g).clone();
+  const auto inputs = step_inputs(*_model, _roles, _start, values);
   auto e = direct ? evaluate_into(inputs, options)
                   : detail::evaluate_points(*_model, inputs, options.derivatives);
   StepResult r;
@@ -284,7 +301,7 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
         block = cut ? block.expand(full).clone() : block.expand(full);
       }
   if (cut)
-    detail::cut_points({*_model, _roles, options, _start, given}, failed, r);
+    detail::cut_points({*_model, _roles, options, _start, values}, failed, r);
   if (failed.defined()) {
     r.failed = (~r.converged).sum().item<std::int64_t>();
     r.cut = (r.substeps > 1).sum().item<std::int64_t>();
@@ -298,13 +315,8 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
         t.copy_(r.derivatives.at(y).at(z).index_select(0, rows));
   }
 
-  // Nothing above changed the state; keep the forces for accept().
-  for (const auto& f : _roles.forces) {
-    auto& kept = _forces[f];
-    if (!kept.defined())
-      kept = at::empty_like(_start.at(f));
-    kept.copy_(given.at(f));
-  }
+  // Nothing above changed the state.
+  _forces = std::move(kept);
   _result = std::move(r);
   _host_owned.clear();
   if (direct)
@@ -346,13 +358,12 @@ void MaterialState::accept() {
                      "accepted or rejected once)");
   if (_result.failed > 0)
     return accept(_result.converged);
-  for (const auto& x : _roles.state) // swap, not copy: the trial becomes the start
-    if (_host_owned.count(x))        // unless it lives in the host's storage
-      _start.at(x).copy_(_result.outputs.at(x));
-    else
-      _start.at(x) = _result.outputs.at(x);
+  // The trial becomes the start: no copy, unless it lives in the host's storage. Tensors
+  // once handed out (start(), a result) are never written again.
+  for (const auto& x : _roles.state)
+    _start.at(x) = _host_owned.count(x) ? _result.outputs.at(x).clone() : _result.outputs.at(x);
   for (const auto& f : _roles.forces)
-    std::swap(_start.at(f), _forces.at(f));
+    _start.at(f) = _forces.at(f);
   _pending = false;
 }
 
@@ -368,11 +379,11 @@ void MaterialState::accept(const at::Tensor& points) {
         "MaterialState::accept(): point {} did not converge in this step (its trial is NaN); "
         "accept only points whose StepResult::converged is true",
         index[unconverged[0][0].item<std::int64_t>()].item<std::int64_t>()));
-  for (const auto& x : _roles.state) {
-    _start.at(x).index_copy_(0, index, _result.outputs.at(x).index_select(0, index));
-  }
+  // New tensors, not writes into ones a host may hold (start() or an earlier result).
+  for (const auto& x : _roles.state)
+    _start.at(x) = _start.at(x).index_copy(0, index, _result.outputs.at(x).index_select(0, index));
   for (const auto& f : _roles.forces)
-    _start.at(f).index_copy_(0, index, _forces.at(f).index_select(0, index));
+    _start.at(f) = _start.at(f).index_copy(0, index, _forces.at(f).index_select(0, index));
   _pending = false;
 }
 

@@ -25,14 +25,16 @@ void detail::run_submitted(std::function<void()> task) {
 Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces,
                                                    const StepOptions& options) {
   refuse_while_submitted("submit");
-  _submitted->store(true);
-  return detail::submit_call<const StepResult&>([this, forces, options]() -> const StepResult& {
-    struct Clear {
-      std::atomic<bool>& flag;
-      ~Clear() { flag.store(false); }
-    } clear{*_submitted};
-    return run_step(forces, options);
-  });
+  auto ended = std::make_shared<std::promise<void>>();
+  _submitted = ended->get_future().share();
+  return detail::submit_call<const StepResult&>(
+      [this, forces, options, ended]() -> const StepResult& {
+        struct End {
+          std::promise<void>& ended;
+          ~End() { ended.set_value(); }
+        } end{*ended};
+        return run_step(forces, options);
+      });
 }
 
 Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces, const at::Tensor& t,

@@ -50,8 +50,7 @@ detail::Destinations detail::CallProtocol::destinations(const Session& s, Operat
   // Blocks keyed [output][input or parameter], in the graph's pair order.
   std::vector<std::pair<std::string, std::string>> pairs;
   if (op == Operation::jacobian)
-    for (const auto& b : m.jacobian_blocks)
-      pairs.emplace_back(m.output_names[b.out], m.input_names[b.in]);
+    pairs = s.jacobian_pairs();
   if (op == Operation::param_jacobian && m.chain)
     for (const auto& [o, p] : m.chain->param_jacobian_blocks())
       pairs.emplace_back(m.output_names[o], m.artifact->parameters[p].public_name);

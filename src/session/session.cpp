@@ -133,6 +133,12 @@ const std::vector<Shape>& Session::output_base_shapes() const noexcept {
 const std::map<std::string, Shape>& Session::parameter_base_shapes() const noexcept {
   return _impl->parameter_base_shapes;
 }
+std::vector<std::pair<std::string, std::string>> Session::jacobian_pairs() const {
+  std::vector<std::pair<std::string, std::string>> pairs;
+  for (const auto& b : _impl->jacobian_blocks)
+    pairs.emplace_back(_impl->output_names[b.out], _impl->input_names[b.in]);
+  return pairs;
+}
 const Device& Session::device() const noexcept {
   return _impl->device;
 }
