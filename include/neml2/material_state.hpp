@@ -74,7 +74,8 @@ struct StepOptions {
   HostLayout into = {};
 };
 
-/// What a step found. Its tensors are valid until the next step(); read, do not write them.
+/// What a step found. The state never writes its tensors again (an accepted trial becomes
+/// the start as it is): a handle keeps its values. Read them; do not write them.
 struct StepResult {
   /// Every output at the trial end of the step, `(N, ...)`; NaN for the points that failed.
   TensorMap outputs;
@@ -126,7 +127,8 @@ public:
   [[nodiscard]] const StateRoles& roles() const noexcept { return _roles; }
   /// N.
   [[nodiscard]] std::int64_t points() const noexcept { return _points; }
-  /// The start of the step: each state variable `x`, each force `f` (its last accepted
+  /// The start of the step (never written in place: accept() replaces tensors, so a handle
+  /// keeps its values): each state variable `x`, each force `f` (its last accepted
   /// value) and each fixed input `h~1`, `(N, ...)`.
   [[nodiscard]] const TensorMap& start() const noexcept { return _start; }
   /// True between a step() and its accept() or reject().
