@@ -88,13 +88,8 @@ public:
     _failed = at::zeros({_m}, on.dtype(at::kBool));
   }
 
-  void run() {
-    const auto all = at::arange(_m, _substeps.options());
-    advance(all, 0.0, 0.5, 1);
-    const auto alive = all.masked_select(~_failed);
-    if (alive.numel() > 0)
-      advance(alive, 0.5, 1.0, 1);
-  }
+  // Every point failed the whole step (depth 0): its halves.
+  void run() { bisect(at::arange(_m, _substeps.options()), 0.0, 1.0, 0); }
 
   void write(StepResult& result) const {
     for (const auto& [y, value] : _out)
@@ -200,9 +195,15 @@ private:
       _failed.index_fill_(0, failed, true);
       return;
     }
+    bisect(failed, a, b, depth);
+  }
+
+  // `rows` failed the span [a, b] at `depth`: its first half, then, for the rows that did
+  // not fail for good, the rest of it.
+  void bisect(const at::Tensor& rows, double a, double b, int depth) {
     const double middle = 0.5 * (a + b);
-    advance(failed, a, middle, depth + 1);
-    const auto alive = failed.masked_select(~_failed.index_select(0, failed));
+    advance(rows, a, middle, depth + 1);
+    const auto alive = rows.masked_select(~_failed.index_select(0, rows));
     if (alive.numel() > 0)
       advance(alive, middle, b, depth + 1);
   }
