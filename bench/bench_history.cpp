@@ -5,11 +5,13 @@
 // `<runtime>_<model>/POINTS`: runtime `peer` (NEML2's runtime, the inputs rebuilt every
 // step from the last outputs), `hand` (DispatchedModel driven by the same loop) or `state`
 // (MaterialState: step, accept); model `elasticity` (explicit), `perzyna` (rate-dependent
-// flow), `j2` (radial return, isotropic hardening) or `chaboche` (four unknowns, two back
-// stresses). Items are point-steps. A uniaxial strain ramp, its size spread 0.5x to 1.5x
-// across the points, to several times yield. NEML2_DISPATCH_BENCH_THREADS sets the intra-op
-// threads (default 1, single_thread_main.cpp).
+// flow), `j2` (radial return, isotropic hardening), `chaboche` (four unknowns, two back
+// stresses) or `gtn` (porous: three unknowns, voids growing from 0.01). Items are
+// point-steps. A strain ramp (uniaxial stress; uniaxial strain for GTN), its size spread
+// 0.5x to 1.5x across the points, to several times yield. NEML2_DISPATCH_BENCH_THREADS sets
+// the intra-op threads (default 1, single_thread_main.cpp).
 
+#include <array>
 #include <filesystem>
 
 #include <ATen/ATen.h>
@@ -28,13 +30,18 @@ struct Scenario {
   const char* model;
   const char* strain; // the strain input's name
   double final_strain;
+  std::array<double, 6> direction = {1.0, -0.5, -0.5, 0.2, 0.0, 0.0};
+  const char* voids = nullptr; // a state that starts at 0.01 (zero otherwise)
 };
 
-const Scenario scenarios[] = {{"elasticity", "elasticity", "strain", 1e-3},
-                              {"perzyna_viscoplasticity", "model", "E", 2e-2},
-                              {"j2_radial_return", "model", "E", 4e-2},
-                              {"chaboche_viscoplasticity", "model", "E", 2e-2}};
-const char* names[] = {"elasticity", "perzyna", "j2", "chaboche"};
+const Scenario scenarios[] = {
+    {"elasticity", "elasticity", "strain", 1e-3},
+    {"perzyna_viscoplasticity", "model", "E", 2e-2},
+    {"j2_radial_return", "model", "E", 4e-2},
+    {"chaboche_viscoplasticity", "model", "E", 2e-2},
+    {"gtn_viscoplasticity", "model", "E", 1e-1, {1.0, 0.0, 0.0, 0.2, 0.0, 0.0}, "void_fraction"}};
+const char* names[] = {"elasticity", "perzyna", "j2", "chaboche", "gtn"};
+constexpr double initial_voids = 0.01;
 
 std::filesystem::path stub(const Scenario& s) {
   return std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / s.artifact /
@@ -52,14 +59,14 @@ struct Loading {
 
 Loading loading(const Scenario& s, std::int64_t points) {
   const auto opts = at::TensorOptions(at::kDouble);
-  const auto direction = at::tensor({1.0, -0.5, -0.5, 0.2, 0.0, 0.0}, opts);
+  const auto direction = at::tensor(at::ArrayRef<double>(s.direction), opts);
   const auto size = s.final_strain * at::linspace(0.5, 1.5, points, opts);
   return {size.unsqueeze(1) * direction};
 }
 
 // A driver's loop over any runtime: each step's inputs rebuilt by name from the prescribed
 // strain and time and the last step's outputs (old state and initial guesses), zeros at
-// the start.
+// the start (the void fraction 0.01).
 template <class Model>
 at::Tensor drive(const Model& model, const neml2::Artifact& artifact, const Scenario& s,
                  const Loading& load, std::int64_t points) {
@@ -82,7 +89,7 @@ at::Tensor drive(const Model& model, const neml2::Artifact& artifact, const Scen
       else {
         auto shape = v.base_shape;
         shape.insert(shape.begin(), points);
-        in[v.name] = at::zeros(shape, at::kDouble);
+        in[v.name] = at::full(shape, s.voids && base == s.voids ? initial_voids : 0.0, at::kDouble);
       }
     }
     previous = model.forward(in);
@@ -130,8 +137,11 @@ void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
     run([&] { return drive(model, artifact, s, load, points); });
     return;
   }
+  neml2::TensorMap initial;
+  if (s.voids)
+    initial.emplace(s.voids, at::full({points}, initial_voids, at::kDouble));
   run([&] {
-    neml2::MaterialState state(model, points);
+    neml2::MaterialState state(model, points, initial);
     return drive_state(state, s, load, points);
   });
 }

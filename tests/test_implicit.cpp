@@ -32,7 +32,8 @@ struct Case {
 constexpr Case implicit_models[] = {{"scalar_backward_euler", 4},
                                     {"j2_radial_return", 5},
                                     {"perzyna_viscoplasticity", 5},
-                                    {"chaboche_viscoplasticity", 5}};
+                                    {"chaboche_viscoplasticity", 5},
+                                    {"gtn_viscoplasticity", 5}};
 
 Session session(const std::string& artifact) {
   return {std::make_shared<const Artifact>(

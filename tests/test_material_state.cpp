@@ -29,7 +29,7 @@ constexpr History histories[] = {
     {"scalar_backward_euler", 4, true},   {"j2_radial_return", 5, true},
     {"perzyna_viscoplasticity", 5, true}, {"chaboche_viscoplasticity", 5, true},
     {"perzyna_gmres", 5, true},           {"binned_precipitation", 6, false},
-    {"slip_systems", 5, false},
+    {"slip_systems", 5, false},           {"gtn_viscoplasticity", 5, true},
 };
 
 bool is_output(const AnyDispatchedModel& m, const std::string& name) {

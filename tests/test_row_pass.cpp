@@ -209,9 +209,9 @@ TensorMap tiled(const TensorMap& inputs, std::int64_t times) {
 
 // The implicit models in models/ with a load history, and how many steps it has.
 const std::vector<std::pair<const char*, int>> histories = {
-    {"scalar_backward_euler", 4},    {"j2_radial_return", 5}, {"perzyna_viscoplasticity", 5},
-    {"chaboche_viscoplasticity", 5}, {"perzyna_gmres", 5},    {"perzyna_gmres_bjac", 5},
-    {"perzyna_gmres_chord", 5}};
+    {"scalar_backward_euler", 4},    {"j2_radial_return", 5},   {"perzyna_viscoplasticity", 5},
+    {"chaboche_viscoplasticity", 5}, {"perzyna_gmres", 5},      {"perzyna_gmres_bjac", 5},
+    {"perzyna_gmres_chord", 5},      {"gtn_viscoplasticity", 5}};
 
 } // namespace
 

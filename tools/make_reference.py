@@ -26,6 +26,10 @@ loads range from elastic to far past yield. Each row is solved by eager NEML2 on
 
   s<n>/in/<x>, s<n>/out/<y>, s<n>/jac/<y>/<x>   step n = 0, 1, ...
 
+--strain-direction gives the strain's direction (default uniaxial-ish), --initial NAME=VALUE
+a state's start (default zero: models/gtn_viscoplasticity.i's voids grow only from a
+nonzero void fraction).
+
 With --sub-batch NAME=N, the old state NAME has N sub-batch entries (bins) per row, given
 to eager NEML2 as such; the solved state carries them into the next step.
 
@@ -178,6 +182,8 @@ HISTORY_ROWS = 20
 
 
 STRAIN_PER_STEP = 0.008  # the largest row's strain increment (--strain-per-step)
+STRAIN_DIRECTION = [1.0, -0.5, -0.5, 0.0, 0.0, 0.0]  # uniaxial-ish (--strain-direction)
+INITIAL = {}  # the start of a state other than zero (--initial NAME=VALUE)
 
 
 def history_force(name, shape, step, rows):
@@ -187,8 +193,8 @@ def history_force(name, shape, step, rows):
     frac = torch.linspace(0.0, 1.0, rows).reshape(rows, *([1] * len(shape)))
     if name == "t":
         return torch.full((rows,), 0.1 * step)
-    if len(shape) == 1 and shape[0] == 6:  # a strain: uniaxial-ish, rotating per row
-        direction = torch.tensor([1.0, -0.5, -0.5, 0.0, 0.0, 0.0]).expand(rows, 6).clone()
+    if len(shape) == 1 and shape[0] == 6:  # a strain along STRAIN_DIRECTION, rotating per row
+        direction = torch.tensor(STRAIN_DIRECTION).expand(rows, 6).clone()
         direction[:, 3] = 0.3 * frac[:, 0]
         return STRAIN_PER_STEP / 1.05 * step * (0.05 + frac) * direction
     return (0.5 + frac).reshape(rows, *shape).expand(rows, *shape).clone()
@@ -207,7 +213,8 @@ def history_case(store, model, steps, derivatives):
     spec = {name: [*SUB_BATCH.get(name, []), *typ.BASE_SHAPE]
             for name, typ in model.input_spec.items()}
     outputs = set(model.output_spec)
-    previous = {}
+    previous = {name: torch.full((rows, *spec[name + "~1"]), value)
+                for name, value in INITIAL.items()}
     for step in range(steps):
         inputs = {}
         for name, shape in spec.items():
@@ -470,6 +477,10 @@ def main():
                              "(binned_dissolution.i)")
     parser.add_argument("--strain-per-step", type=float, default=STRAIN_PER_STEP,
                         help="the largest strain increment of a --history")
+    parser.add_argument("--strain-direction", default=None, metavar="A,B,C,D,E,F",
+                        help="the strain's direction in a --history (Mandel components)")
+    parser.add_argument("--initial", action="append", default=[], metavar="NAME=VALUE",
+                        help="the state NAME starts a --history at VALUE (default zero)")
     parser.add_argument("--line-search", action="store_true",
                         help="the line-search cases (the scalar backward-Euler model)")
     parser.add_argument("--substeps", action="store_true",
@@ -486,6 +497,11 @@ def main():
 
     if args.history or args.line_search or args.substeps:
         STRAIN_PER_STEP = args.strain_per_step
+        if args.strain_direction:
+            STRAIN_DIRECTION[:] = [float(c) for c in args.strain_direction.split(",")]
+        for spec in args.initial:
+            name, value = spec.split("=")
+            INITIAL[name] = float(value)
         if args.history:
             previous = history_case(store, model, args.history, args.derivatives)
             if args.mixed_batch:

@@ -42,6 +42,7 @@ public:
     _r0.resize(_index.size());
     _norm.resize(_index.size());
     _gate_ok.assign(_index.size(), 0);
+    _undecided.assign(_index.size(), 0);
 
     NewtonResult result;
     result.u = empty_like_rows(_u, rows);
@@ -128,15 +129,23 @@ private:
       _du.resize(static_cast<std::size_t>(size() * n));
       _slope.resize(_index.size());
     }
-    // Whether row i leaves at ||r|| = `norm` (finished into the result if so).
+    // Whether row i leaves at ||r|| = `norm` (finished into the result if so). The residual
+    // graph alone leaves a row within a factor 2 of its tolerance undecided: the jacobian
+    // graph's residual, which may differ from it in the last bits, decides (so the schedule
+    // does not change which iterate a row ends at).
     const auto leaves = [&](std::int64_t i, double norm) {
       const auto row = static_cast<std::size_t>(i);
       _norm[row] = norm;
-      bool converged = norm < _config.atol;
       if (it == 0)
         _r0[row] = norm;
-      else
-        converged = converged || (norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
+      const auto converged_at = [&](double x) {
+        return x < _config.atol ||
+               (it > 0 && x < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
+      };
+      const bool converged = converged_at(norm);
+      _undecided[row] = !has_a && converged_at(norm / 2) != converged_at(norm * 2);
+      if (_undecided[row] != 0)
+        return false;
       if (converged || !std::isfinite(norm) || last) {
         finish(u, i, converged);
         return true;
@@ -151,7 +160,8 @@ private:
       for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
         for (auto i = begin; i < end; ++i) {
           const double bi = r(i, 0);
-          if (check && leaves(i, std::sqrt(bi * bi)))
+          if ((check || _undecided[static_cast<std::size_t>(i)] != 0) &&
+              leaves(i, std::sqrt(bi * bi)))
             continue;
           if (has_a) {
             const double a = blocks->blocks.front()(i, 0, 0);
@@ -192,7 +202,7 @@ private:
       if (has_a)
         batch.emplace(n, 1, lanes);
       for (auto i = begin; i < end; ++i) {
-        if (check && leaves(i, b.norm(i)))
+        if ((check || _undecided[static_cast<std::size_t>(i)] != 0) && leaves(i, b.norm(i)))
           continue;
         if (!has_a) {
           _keep[static_cast<std::size_t>(i)] = 1;
@@ -230,7 +240,7 @@ private:
     const bool carry_step = _search; // the line search takes du and <b, du> later
     std::vector<double> r0(from.size()), norm(from.size()), slope(from.size()),
         du(carry_step ? from.size() * static_cast<std::size_t>(n) : 0);
-    std::vector<std::uint8_t> gate_ok(from.size());
+    std::vector<std::uint8_t> gate_ok(from.size()), undecided(from.size());
     for_rows(m, [&](std::int64_t begin, std::int64_t end) {
       std::vector<double> x(static_cast<std::size_t>(n));
       for (auto j = begin; j < end; ++j) {
@@ -255,6 +265,7 @@ private:
         index[to] = _index[at];
         r0[to] = _r0[at];
         norm[to] = _norm[at];
+        undecided[to] = _undecided[at];
       }
     });
     _u = std::move(u);
@@ -263,6 +274,7 @@ private:
     _r0 = std::move(r0);
     _norm = std::move(norm);
     _gate_ok = std::move(gate_ok);
+    _undecided = std::move(undecided);
     if (carry_step) {
       _du = std::move(du);
       _slope = std::move(slope);
@@ -368,7 +380,7 @@ private:
   std::int64_t _n = 0;
   std::vector<std::int64_t> _index;
   std::vector<double> _r0, _norm, _du, _slope;
-  std::vector<std::uint8_t> _gate_ok, _keep;
+  std::vector<std::uint8_t> _gate_ok, _keep, _undecided;
 
   std::unique_ptr<Groups> _out;
   double* _out_norm = nullptr;

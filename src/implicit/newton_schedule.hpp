@@ -3,8 +3,10 @@
 // Which graph the row pass checks its rows with at each Newton iteration, learned from the
 // solves before: the residual graph alone where most rows leave at the check (a history's
 // step after a converged one: one update, then converged), the jacobian graph (the residual
-// and A in one call) where most stay. The residuals of the two graphs are the same bits, so
-// the choice changes what a solve costs, never what it returns. Private to src/implicit/.
+// and A in one call) where most stay. The two graphs' residuals can differ in the last bits
+// (models/gtn_viscoplasticity.i's do), so the residual graph alone decides only rows well
+// clear of their tolerance (newton_rows.cpp): the choice changes what a solve costs, not
+// which iterate a row ends at. Private to src/implicit/.
 
 #include <array>
 #include <atomic>
