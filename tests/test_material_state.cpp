@@ -639,3 +639,36 @@ TEST_CASE("a callback of the model that steps and accepts the same state meanwhi
   for (const auto& x : state.roles().state)
     CHECK(at::equal(state.start().at(x), expected.outputs.at(x)));
 }
+
+TEST_CASE("a step lets go of the trial before it once its checks pass: two steps' results are "
+          "never held at once, and a step that fails leaves no trial") {
+  const test::Reference ref("j2_radial_return");
+  auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  const auto in = ref.group("s2/in");
+  MaterialState state(model, points);
+  const auto& first = state.step({{"E", in.at("E")}}, in.at("t"), {.derivatives = true});
+  const c10::weak_intrusive_ptr<c10::TensorImpl> block(
+      first.derivatives.at("stress").at("E").getIntrusivePtr());
+  const auto start = clone(state.start());
+
+  // Refused by its checks: the trial stays.
+  CHECK_THROWS_AS(state.step({{"E", in.at("E").narrow(1, 0, 5)}}, in.at("t")), FatalError);
+  CHECK(state.pending());
+  CHECK_FALSE(block.expired());
+
+  // While the next step evaluates, the first's blocks are gone; it fails (the observer
+  // throws), and leaves no trial to accept and the start as it was.
+  bool released = false;
+  model.set_observer([&](const ChunkEvent&) {
+    released = block.expired();
+    throw std::runtime_error("host callback failed");
+  });
+  CHECK_THROWS_AS(state.step({{"E", in.at("E")}}, in.at("t"), {.derivatives = true}),
+                  std::runtime_error);
+  model.set_observer({});
+  CHECK(released);
+  CHECK_FALSE(state.pending());
+  CHECK_THROWS_AS(state.accept(), FatalError);
+  CHECK(test::identical(state.start(), start));
+}

@@ -136,7 +136,9 @@ public:
 
   /// @brief Evaluates the step from the start to `forces`: a value for every force and
   /// given input, `(N, ...)` or broadcast to it. Replaces any trial not yet accepted. Every
-  /// input is checked before anything runs; a FatalError leaves the state as it was.
+  /// input is checked before anything runs: a refused step leaves the state as it was.
+  /// Past the checks the trial before is let go (two steps' results are never held at
+  /// once), so a step that fails later leaves the start as it was and no trial.
   const StepResult& step(const TensorMap& forces, const StepOptions& options = {});
   /// The same with the time `t` (the force named "t") given apart.
   const StepResult& step(const TensorMap& forces, const at::Tensor& t,

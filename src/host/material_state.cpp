@@ -275,6 +275,10 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
       if (overlaps(into, values.at(g)))
         values.at(g) = values.at(g).clone();
   const auto inputs = step_inputs(*_model, _roles, _start, values);
+  // The checks passed: the trial before goes now, so that its results and this step's are
+  // never held at once (a failure below leaves no trial).
+  _pending = false;
+  _result = {};
   auto e = direct ? evaluate_into(inputs, options)
                   : detail::evaluate_points(*_model, inputs, options.derivatives);
   StepResult r;
