@@ -3,13 +3,14 @@
 // state, as NEML2's TransientDriver drives a model (outputs only).
 //
 // `<runtime>_<model>/POINTS`: runtime `peer` (NEML2's runtime, the inputs rebuilt every
-// step from the last outputs), `hand` (DispatchedModel driven by the same loop) or `state`
-// (MaterialState: step, accept); model `elasticity` (explicit), `perzyna` (rate-dependent
-// flow), `j2` (radial return, isotropic hardening), `chaboche` (four unknowns, two back
-// stresses) or `gtn` (porous: three unknowns, voids growing from 0.01). Items are
-// point-steps. A strain ramp (uniaxial stress; uniaxial strain for GTN), its size spread
-// 0.5x to 1.5x across the points, to several times yield. NEML2_DISPATCH_BENCH_THREADS sets
-// the intra-op threads (default 1, single_thread_main.cpp).
+// step from the last outputs), `hand` (DispatchedModel driven by the same loop), `state`
+// (MaterialState: step, accept) or `extrapolated` (the same, Newton's guess extrapolated
+// from the step before: StepOptions::extrapolate); model `elasticity` (explicit), `perzyna`
+// (rate-dependent flow), `j2` (radial return, isotropic hardening), `chaboche` (four unknowns, two
+// back stresses) or `gtn` (porous: three unknowns, voids growing from 0.01). Items are point-steps.
+// A strain ramp (uniaxial stress; uniaxial strain for GTN), its size spread 0.5x to 1.5x across the
+// points, to several times yield. NEML2_DISPATCH_BENCH_THREADS sets the intra-op threads (default
+// 1, single_thread_main.cpp).
 
 #include <array>
 #include <filesystem>
@@ -98,22 +99,22 @@ at::Tensor drive(const Model& model, const neml2::Artifact& artifact, const Scen
 }
 
 at::Tensor drive_state(neml2::MaterialState& state, const Scenario& s, const Loading& load,
-                       std::int64_t points) {
+                       std::int64_t points, bool extrapolate) {
   const bool timed = !state.roles().forces.empty() || !state.roles().given.empty();
   for (int n = 1; n <= steps; ++n) {
     const neml2::TensorMap forces{{s.strain, load.strain(n)}};
     const auto has_time = std::find(state.roles().forces.begin(), state.roles().forces.end(),
                                     "t") != state.roles().forces.end();
     if (timed && has_time)
-      state.step(forces, load.time(n, points));
+      state.step(forces, load.time(n, points), {.extrapolate = extrapolate});
     else
-      state.step(forces);
+      state.step(forces, {.extrapolate = extrapolate});
     state.accept();
   }
   return state.start().empty() ? at::Tensor() : state.start().begin()->second;
 }
 
-enum class Runtime { peer, hand, state };
+enum class Runtime { peer, hand, state, extrapolated };
 
 void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
   const auto points = bench.range(0);
@@ -142,13 +143,15 @@ void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
     initial.emplace(s.voids, at::full({points}, initial_voids, at::kDouble));
   run([&] {
     neml2::MaterialState state(model, points, initial);
-    return drive_state(state, s, load, points);
+    return drive_state(state, s, load, points, runtime == Runtime::extrapolated);
   });
 }
 
 const bool registered = [] {
-  const std::pair<Runtime, const char*> runtimes[] = {
-      {Runtime::peer, "peer"}, {Runtime::hand, "hand"}, {Runtime::state, "state"}};
+  const std::pair<Runtime, const char*> runtimes[] = {{Runtime::peer, "peer"},
+                                                      {Runtime::hand, "hand"},
+                                                      {Runtime::state, "state"},
+                                                      {Runtime::extrapolated, "extrapolated"}};
   for (std::size_t m = 0; m < std::size(scenarios); ++m)
     for (const auto& [runtime, label] : runtimes)
       benchmark::RegisterBenchmark((std::string(label) + "_" + names[m]).c_str(), history, runtime,

@@ -574,3 +574,81 @@ TEST_CASE("a history's steps: the schedule learns to check converging rows by th
     learned.record(9, 10, 1);
   CHECK_FALSE(learned.with_a(20)); // checks past the tracked ones share the last slot
 }
+
+TEST_CASE("StepOptions::extrapolate: Newton's guess from the step before, scaled by the time "
+          "increments; the same results, fewer updates") {
+  const auto opts = at::TensorOptions(at::kDouble);
+  // Rows of graph calls per graph in one step, and in all ("all").
+  const auto calls = [](MaterialState& state, const TensorMap& forces, const at::Tensor& t,
+                        bool extrapolate) {
+    std::map<std::string, std::int64_t> rows;
+    neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t r) {
+      rows[std::filesystem::path(file).stem().string()] += r;
+      rows["all"] += r;
+    });
+    const auto& r = state.step(forces, t, {.extrapolate = extrapolate});
+    neml2::detail::observe_graph_calls({});
+    CHECK(r.failed == 0);
+    return rows;
+  };
+
+  SUBCASE("an elastic ramp in uneven steps: the guess is the solution") {
+    // Perzyna below yield: the stress is linear in time, so from the third step on the
+    // guess (the last increment scaled by dt / dt before) solves the step: one evaluation
+    // a point, no update. A guess that ignored the time increments would be off by half an
+    // increment at every step.
+    const auto model = load_model(test::stub("perzyna_viscoplasticity", "model"), "model");
+    const std::int64_t points = 64;
+    const auto amplitude = (1e-5 * at::linspace(0.5, 1.5, points, opts)).unsqueeze(1) *
+                           at::tensor({1.0, -0.5, -0.5, 0.2, 0.0, 0.0}, opts);
+    MaterialState guessed(model, points), plain(model, points);
+    const double times[] = {0.1, 0.3, 0.4, 0.7, 0.8, 1.0};
+    for (std::size_t n = 0; n < std::size(times); ++n) {
+      CAPTURE(n);
+      const TensorMap forces{{"E", amplitude * times[n]}};
+      const auto t = at::full({points}, times[n], opts);
+      const auto rows = calls(guessed, forces, t, true);
+      const auto plain_rows = calls(plain, forces, t, false);
+      CHECK(plain_rows.at("all") == 2 * points); // the guess, one update
+      if (n >= 2)
+        CHECK(rows.at("all") == points);
+      test::check_close(guessed.step(forces, t, {.extrapolate = true}).outputs,
+                        plain.step(forces, t).outputs, "extrapolated", 1e-12);
+      guessed.accept();
+      plain.accept();
+    }
+  }
+
+  SUBCASE("GTN's history: results within Newton's tolerance, one update a step fewer") {
+    // Three updates a step from the start, two from the extrapolated guess (late in the
+    // history). Newton's relative test (||r|| < rtol ||r0||) asks the same reduction of a
+    // better guess, so the guess saves an update, not more.
+    const auto model = load_model(test::stub("gtn_viscoplasticity", "model"), "model");
+    const std::int64_t points = 128;
+    const auto amplitude = (0.1 * at::linspace(0.5, 1.5, points, opts)).unsqueeze(1) *
+                           at::tensor({1.0, 0.0, 0.0, 0.2, 0.0, 0.0}, opts);
+    const TensorMap voids{{"void_fraction", at::full({points}, 0.01, opts)}};
+    MaterialState guessed(model, points, voids), plain(model, points, voids);
+    // Every check by the residual graph: the jacobian graph's rows are the updates.
+    struct Forced {
+      Forced() { neml2::detail::forced_newton_schedule = 0; }
+      ~Forced() { neml2::detail::forced_newton_schedule = -1; }
+    } forced;
+    std::int64_t updates_guessed = 0, updates_plain = 0;
+    for (int n = 1; n <= 40; ++n) {
+      const TensorMap forces{{"E", amplitude * (n / 100.0)}};
+      const auto t = at::full({points}, 0.1 * n, opts);
+      const auto g = calls(guessed, forces, t, true);
+      const auto p = calls(plain, forces, t, false);
+      if (n > 30) {
+        updates_guessed += g.at("model_jacobian");
+        updates_plain += p.at("model_jacobian");
+      }
+      guessed.accept();
+      plain.accept();
+    }
+    test::check_close(guessed.start(), plain.start(), "40 steps", 1e-8);
+    CHECK(updates_plain == 10 * 3 * points);
+    CHECK(updates_guessed == 10 * 2 * points);
+  }
+}

@@ -68,15 +68,33 @@ at::Tensor as_points(const at::Tensor& value, std::int64_t points, const Shape& 
   return value.to(options).expand(full);
 }
 
-// The step's inputs by name: the state and old forces from `start`, the rest from `forces`.
+// Newton's guess for state `x`: its start, or extrapolated from the step before (`before`
+// empty: not asked) by the ratio of this step's time increment to that one's (1 untimed).
+at::Tensor guess(const std::string& x, const TensorMap& start, const TensorMap& before,
+                 const TensorMap& forces) {
+  const auto& s = start.at(x);
+  if (before.empty())
+    return s;
+  auto ratio = at::ones({s.size(0)}, s.options());
+  if (before.count("t")) { // time is a force
+    const auto last = start.at("t") - before.at("t");
+    ratio = at::where(last != 0, (forces.at("t") - start.at("t")) / last, 0.0);
+  }
+  auto shape = std::vector<std::int64_t>(static_cast<std::size_t>(s.dim()), 1);
+  shape[0] = s.size(0);
+  return s + ratio.reshape(shape) * (s - before.at(x));
+}
+
+// The step's inputs by name: the state and old forces from `start`, the rest from `forces`;
+// Newton's guess the start, or extrapolated (guess()).
 TensorMap step_inputs(const AnyDispatchedModel& model, const StateRoles& roles,
-                      const TensorMap& start, const TensorMap& forces) {
+                      const TensorMap& start, const TensorMap& forces, const TensorMap& before) {
   TensorMap in;
   const auto& inputs = model.input_names();
   for (const auto& x : roles.state) {
     in.emplace(old_name(x), start.at(x));
-    if (contains(inputs, x)) // Newton's guess: the start
-      in.emplace(x, start.at(x));
+    if (contains(inputs, x))
+      in.emplace(x, guess(x, start, before, forces));
   }
   for (const auto& f : roles.forces) {
     in.emplace(f, forces.at(f));
@@ -167,6 +185,7 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
       start.emplace(n, std::move(value));
     }
   _start = std::move(start);
+  keep_before();
   _all_converged = at::ones({points}, _options.dtype(at::kBool));
   _one_substep = at::ones({points}, _options.dtype(at::kLong));
 
@@ -274,7 +293,8 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
     for (const auto& g : _roles.given)
       if (overlaps(into, values.at(g)))
         values.at(g) = values.at(g).clone();
-  const auto inputs = step_inputs(*_model, _roles, _start, values);
+  const auto inputs =
+      step_inputs(*_model, _roles, _start, values, options.extrapolate ? _before : TensorMap{});
   // The checks passed: the trial before goes now, so that its results and this step's are
   // never held at once (a failure below leaves no trial).
   _pending = false;
@@ -355,6 +375,13 @@ at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
   return index;
 }
 
+void MaterialState::keep_before() {
+  for (const auto& x : _roles.state)
+    _before.insert_or_assign(x, _start.at(x));
+  if (_start.count("t"))
+    _before.insert_or_assign("t", _start.at("t"));
+}
+
 void MaterialState::accept() {
   refuse_while_submitted("accept");
   if (!_pending)
@@ -362,6 +389,7 @@ void MaterialState::accept() {
                      "accepted or rejected once)");
   if (_result.failed > 0)
     return accept(_result.converged);
+  keep_before();
   // The trial becomes the start: no copy, unless it lives in the host's storage. Tensors
   // once handed out (start(), a result) are never written again.
   for (const auto& x : _roles.state)
@@ -383,6 +411,7 @@ void MaterialState::accept(const at::Tensor& points) {
         "MaterialState::accept(): point {} did not converge in this step (its trial is NaN); "
         "accept only points whose StepResult::converged is true",
         index[unconverged[0][0].item<std::int64_t>()].item<std::int64_t>()));
+  keep_before();
   // New tensors, not writes into ones a host may hold (start() or an earlier result).
   for (const auto& x : _roles.state)
     _start.at(x) = _start.at(x).index_copy(0, index, _result.outputs.at(x).index_select(0, index));
