@@ -74,7 +74,9 @@ struct StepOptions {
   HostLayout into = {};
   /// Newton's guess for the state extrapolated linearly from the last accepted step
   /// (start + (start - the start before) * dt / dt before, per point), not the start: fewer
-  /// iterations on a smooth history, results the same within Newton's tolerance.
+  /// iterations on a smooth history, results the same within Newton's tolerance. The state
+  /// keeps the start before from the first step that asks on (that step starts from the
+  /// start).
   bool extrapolate = false;
 };
 
@@ -184,6 +186,7 @@ private:
   TensorMap _start;                     // state x, forces f, fixed h~1
   TensorMap _forces;                    // the pending step's forces, copied (what accept() takes)
   TensorMap _before;                    // the start before the last accept (state x and t)
+  bool _extrapolating = false;          // a step asked for StepOptions::extrapolate
   StepResult _result;                   // the pending step's
   bool _pending = false;
   std::shared_future<void> _submitted;     // ready once the last submitted step has ended

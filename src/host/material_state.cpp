@@ -185,7 +185,6 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
       start.emplace(n, std::move(value));
     }
   _start = std::move(start);
-  keep_before();
   _all_converged = at::ones({points}, _options.dtype(at::kBool));
   _one_substep = at::ones({points}, _options.dtype(at::kLong));
 
@@ -293,6 +292,7 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
     for (const auto& g : _roles.given)
       if (overlaps(into, values.at(g)))
         values.at(g) = values.at(g).clone();
+  _extrapolating = _extrapolating || options.extrapolate;
   const auto inputs =
       step_inputs(*_model, _roles, _start, values, options.extrapolate ? _before : TensorMap{});
   // The checks passed: the trial before goes now, so that its results and this step's are
@@ -376,6 +376,8 @@ at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
 }
 
 void MaterialState::keep_before() {
+  if (!_extrapolating) // kept only for a host that extrapolates: it holds a state's worth
+    return;
   for (const auto& x : _roles.state)
     _before.insert_or_assign(x, _start.at(x));
   if (_start.count("t"))
