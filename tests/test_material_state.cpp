@@ -558,6 +558,17 @@ TEST_CASE("a model with a promoted parameter: its value seen by every step, each
   CHECK(r.derivatives.at("stress").at("strain").size(0) == strain.size(0));
   points.accept();
   CHECK(points.start().empty());
+
+  // Its block is one for every row (batch-independent): spread into the host's records.
+  auto records = at::full({strain.size(0), 6 + 36}, 7.0, at::kDouble);
+  const auto tangent = records.narrow(1, 6, 36).view({-1, 6, 6});
+  const auto& into = points.step({{"strain", strain}},
+                                 {.derivatives = true,
+                                  .into = {.outputs = {{"stress", records.narrow(1, 0, 6)}},
+                                           .derivatives = {{"stress", {{"strain", tangent}}}}}});
+  CHECK(at::equal(records.narrow(1, 0, 6), out.at("stress")));
+  CHECK(at::equal(tangent, J.at("stress").at("strain").expand_as(tangent)));
+  CHECK(into.derivatives.at("stress").at("strain").is_same(tangent));
 }
 
 TEST_CASE("tensors once handed out (start(), a step's results) are never written again") {
@@ -671,4 +682,20 @@ TEST_CASE("a step lets go of the trial before it once its checks pass: two steps
   CHECK_FALSE(state.pending());
   CHECK_THROWS_AS(state.accept(), FatalError);
   CHECK(test::identical(state.start(), start));
+}
+
+TEST_CASE("the start before is kept only for a state that extrapolates") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  const auto in = ref.group("s2/in");
+  for (bool extrapolate : {false, true}) {
+    CAPTURE(extrapolate);
+    MaterialState state(model, points);
+    state.step({{"E", in.at("E")}}, in.at("t"), {.extrapolate = extrapolate});
+    const c10::weak_intrusive_ptr<c10::TensorImpl> start(
+        state.start().at("plastic_strain").getIntrusivePtr());
+    state.accept();
+    CHECK(start.expired() != extrapolate);
+  }
 }

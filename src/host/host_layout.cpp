@@ -12,30 +12,19 @@
 #include <neml2/dispatch_fwd.hpp>
 #include <neml2/material_state.hpp>
 
+#include "core/row_shape.hpp"
 #include "engine/placement.hpp"
-#include "host/points.hpp"
 #include "host/step_cuts.hpp"
 
 namespace neml2 {
-using detail::with_points;
+using detail::with_rows;
 namespace {
 
-// Whether block d(out)/d(in) (public names) comes back without the batch axis: one block
-// for every row, from an explicit model's graph.
-bool batch_independent(const Artifact& a, const std::string& out, const std::string& in) {
-  if (!a.single_forward())
-    return false;
-  const auto internal = [](const std::vector<VariableSpec>& specs, const std::string& name) {
-    for (const auto& s : specs)
-      if (s.public_name == name)
-        return s.name;
-    return name;
-  };
-  const auto o = internal(a.outputs, out), i = internal(a.inputs, in);
-  for (const auto& p : std::get<ForwardSegment>(a.segments.front()).jacobian_pairs)
-    if (p.out == o && p.in == i)
-      return p.batch_independent;
-  return false;
+// Whether the k-th block jacobian() returns (Session::jacobian_pairs() order, the graph's)
+// comes back without the batch axis: one block for every row, from an explicit model's graph.
+bool batch_independent(const Artifact& a, std::size_t k) {
+  return a.single_forward() &&
+         std::get<ForwardSegment>(a.segments.front()).jacobian_pairs.at(k).batch_independent;
 }
 
 } // namespace
@@ -65,7 +54,7 @@ void MaterialState::check_layout(const HostLayout& into, const StepOptions& opti
       throw FatalError(fmt::format("MaterialState::step(): the host layout names output '{}', "
                                    "which this model does not have; it has {}",
                                    y, _model->output_names()));
-    given.emplace_back(fmt::format("output '{}'", y), t, with_points(rows, _output_shapes.at(y)));
+    given.emplace_back(fmt::format("output '{}'", y), t, with_rows(rows, {&_output_shapes.at(y)}));
   }
   for (const auto& [y, blocks] : into.derivatives)
     for (const auto& [z, t] : blocks) {
@@ -73,7 +62,7 @@ void MaterialState::check_layout(const HostLayout& into, const StepOptions& opti
         throw FatalError(fmt::format("MaterialState::step(): the host layout names the block "
                                      "d({})/d({}), which the artifact does not have",
                                      y, z));
-      auto shape = with_points(rows, _output_shapes.at(y));
+      auto shape = with_rows(rows, {&_output_shapes.at(y)});
       const auto& in = _input_shapes.at(z);
       shape.insert(shape.end(), in.begin(), in.end());
       given.emplace_back(fmt::format("block d({})/d({})", y, z), t, std::move(shape));
@@ -105,25 +94,26 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
     const auto it = into.outputs.find(y);
     e.outputs.emplace(y, it != into.outputs.end()
                              ? it->second
-                             : at::empty(with_points(_points, shape), _options));
+                             : at::empty(with_rows(_points, {&shape}), _options));
   }
   // A batch-independent block lands in one (out, in) tensor, then spreads over the host's rows.
   std::vector<std::pair<at::Tensor, at::Tensor>> spread;
   if (options.derivatives)
-    for (const auto& [y, z] : _pairs) {
+    for (std::size_t k = 0; k < _pairs.size(); ++k) {
+      const auto& [y, z] = _pairs[k];
       auto shape = _output_shapes.at(y);
       shape.insert(shape.end(), _input_shapes.at(z).begin(), _input_shapes.at(z).end());
       at::Tensor host;
       if (const auto b = into.derivatives.find(y); b != into.derivatives.end())
         if (const auto t = b->second.find(z); t != b->second.end())
           host = t->second;
-      if (batch_independent(_model->artifact(), y, z)) {
+      if (batch_independent(_model->artifact(), k)) {
         auto one = at::empty(shape, _options);
         spread.emplace_back(one, host);
         e.derivatives[y][z] = one;
       } else
         e.derivatives[y][z] =
-            host.defined() ? host : at::empty(with_points(_points, shape), _options);
+            host.defined() ? host : at::empty(with_rows(_points, {&shape}), _options);
     }
   try {
     options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives)
@@ -134,10 +124,11 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
     e.converged = error.converged_mask();
   }
   for (auto& [one, host] : spread) {
+    const auto one_shape = one.sizes().vec();
     for (auto& [y, blocks] : e.derivatives)
       for (auto& [z, block] : blocks)
         if (block.is_same(one))
-          block = host.defined() ? host : one.expand(with_points(_points, one.sizes().vec()));
+          block = host.defined() ? host : one.expand(with_rows(_points, {&one_shape}));
     if (host.defined())
       host.copy_(one.expand_as(host));
   }

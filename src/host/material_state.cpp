@@ -12,12 +12,12 @@
 #include <neml2/dispatch_fwd.hpp>
 #include <neml2/material_state.hpp>
 
+#include "core/row_shape.hpp"
 #include "engine/placement.hpp"
-#include "host/points.hpp"
 #include "host/step_cuts.hpp"
 
 namespace neml2 {
-using detail::with_points;
+using detail::with_rows;
 namespace {
 
 bool contains(const std::vector<std::string>& names, const std::string& name) {
@@ -43,7 +43,7 @@ std::map<std::string, Shape> input_shapes(const Artifact& artifact) {
 // else broadcast (a view) or converted (a copy). An error names it as `who` 'name'.
 at::Tensor as_points(const at::Tensor& value, std::int64_t points, const Shape& shape,
                      const at::TensorOptions& options, const char* who, const std::string& name) {
-  const auto full = with_points(points, shape);
+  const auto full = with_rows(points, {&shape});
   if (value.defined() && value.sizes() == at::IntArrayRef(full) &&
       value.scalar_type() == options.dtype() && value.device() == options.device())
     return value;
@@ -178,7 +178,7 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
   TensorMap start;
   for (const auto& names : {_roles.state, _roles.forces, _roles.fixed})
     for (const auto& n : names) {
-      auto value = at::zeros(with_points(points, _shapes.at(n)), _options);
+      auto value = at::zeros(with_rows(points, {&_shapes.at(n)}), _options);
       if (const auto it = initial.find(n); it != initial.end())
         value.copy_(as_points(it->second, points, _shapes.at(n), _options,
                               "MaterialState: the initial value of", n));
@@ -321,7 +321,8 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
     for (auto& [z, block] : blocks)
       if (block.dim() == r.outputs.at(y).dim() + inputs.at(z).dim() - 2) {
         // batch-independent: one block for every point
-        const auto full = with_points(_points, block.sizes().vec());
+        const auto base = block.sizes().vec();
+        const auto full = with_rows(_points, {&base});
         block = cut ? block.expand(full).clone() : block.expand(full);
       }
   if (cut)

@@ -15,17 +15,11 @@
 #include <neml2/artifact.hpp>
 #include <neml2/errors.hpp>
 
+#include "core/row_shape.hpp"
 #include "implicit/segment_chain.hpp"
 #include "implicit/substepping.hpp"
 
 namespace neml2::detail {
-
-inline Shape with_rows(std::int64_t rows, std::initializer_list<const Shape*> parts) {
-  Shape s{rows};
-  for (const auto* p : parts)
-    s.insert(s.end(), p->begin(), p->end());
-  return s;
-}
 
 // Where each variable sits in its packed group.
 [[nodiscard]] std::map<std::string, GroupSlice>
