@@ -42,6 +42,8 @@ PUBLIC_HEADERS = {
     "detail/policy_protocol.hpp": "engine",
     # compiled in engine/async/, but DispatcherOf<P> (engine) holds one
     "detail/async_engine.hpp": "engine",
+    # the asynchronous decisions: the engine's and the simulator's (tools)
+    "detail/async_schedule.hpp": "engine/async",
     "material_state.hpp": "host",
     "submitted.hpp": "host",
     "tune.hpp": "tools",

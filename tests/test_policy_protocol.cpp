@@ -3,7 +3,10 @@
 // reach the same chunks and refuse the same bad answers in the same words. (The Python
 // adapter against both: python/tests/test_policies.py.)
 
+#include <algorithm>
 #include <memory>
+#include <numeric>
+#include <string>
 
 #include <neml2/simulate.hpp>
 
@@ -140,6 +143,122 @@ TEST_CASE("an asynchronous policy reaches the same chunks in a model and in the 
   CHECK(first == chunks_of(sim, 0));
   CHECK(second == chunks_of(sim, 1));
   CHECK(first != second); // the state moved on: the comparison above sees it
+}
+
+namespace {
+// Every question an asynchronous policy is asked and what it answered, and every hook, in
+// order (the seconds of a completion left out: the model's are measured, the simulator's
+// are not).
+using Log = std::vector<std::string>;
+
+template <class Decide>
+struct Logged {
+  using dispatch_mode = asynchronous;
+  struct state_type {
+    std::int64_t dispatched = 0;
+  };
+  std::vector<Device> devices;
+  Decide decide; // (rows_in_flight, remaining, dispatched so far) -> a choice or nullopt
+  std::shared_ptr<Log> log = std::make_shared<Log>();
+  std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
+                                        std::int64_t remaining, state_type& s) const {
+    std::string asked = "next {";
+    for (const auto r : rows_in_flight)
+      asked += std::to_string(r) + " ";
+    asked += "} " + std::to_string(remaining);
+    const auto choice = decide(rows_in_flight, remaining, s.dispatched);
+    log->push_back(asked + (choice ? " -> " + std::to_string(choice->device) + ":" +
+                                         std::to_string(choice->rows)
+                                   : " -> wait"));
+    return choice;
+  }
+  void on_dispatched(std::size_t d, std::int64_t rows, state_type& s) const {
+    ++s.dispatched;
+    log->push_back("dispatched " + std::to_string(d) + ":" + std::to_string(rows));
+  }
+  void on_completed(std::size_t d, std::int64_t rows, double, state_type&) const {
+    log->push_back("completed " + std::to_string(d) + ":" + std::to_string(rows));
+  }
+};
+
+template <class Decide>
+Logged<Decide> logged(std::vector<Device> devices, Decide decide) {
+  return {std::move(devices), std::move(decide)};
+}
+
+// What a model's two forward() calls and a simulation of two calls ask `policy`.
+template <class Policy>
+std::pair<Log, Log> asked_by_model_and_simulator(const Policy& policy) {
+  const test::Reference ref("rates");
+  const auto in = ref.group("b7/in");
+  auto model = load(policy);
+  model.policy().log->clear(); // the model's copy shares the log
+  for (int call = 0; call < 2; ++call)
+    for (const auto& [name, value] : model.forward(in))
+      test::check_close(value, ref.group("b7/out").at(name), name);
+  const auto by_model = *model.policy().log;
+  policy.log->clear();
+  (void)simulate(policy, node(policy.devices.size()), 7, 2);
+  return {by_model, *policy.log};
+}
+
+std::string joined(const Log& log) {
+  std::string text;
+  for (const auto& line : log)
+    text += "\n" + line;
+  return text;
+}
+
+std::int64_t in_flight(std::span<const std::int64_t> rows_in_flight) {
+  return std::accumulate(rows_in_flight.begin(), rows_in_flight.end(), std::int64_t{0});
+}
+} // namespace
+
+TEST_CASE("the engine and the simulator make every decision of one schedule alike, policies "
+          "that wait among them") {
+  // Sizes 1, 2, 3, 1, ... from the policy's state, so a chunk asked twice shows.
+  const auto size = [](std::int64_t remaining, std::int64_t dispatched) {
+    return std::min<std::int64_t>(remaining, 1 + dispatched % 3);
+  };
+  const auto check = [](const std::pair<Log, Log>& asked) {
+    const auto& [by_model, by_simulator] = asked;
+    CAPTURE(joined(by_model));
+    CAPTURE(joined(by_simulator));
+    CHECK(by_model == by_simulator);
+    CHECK(std::count_if(by_model.begin(), by_model.end(), [](const std::string& line) {
+            return line.starts_with("completed");
+          }) >= 6); // two calls of at least three chunks each
+  };
+  SUBCASE("never waits, on the calling thread's lane") {
+    check(asked_by_model_and_simulator(
+        logged({"cpu"}, [&](auto, std::int64_t remaining, std::int64_t dispatched) {
+          return std::optional<ChunkChoice>(ChunkChoice{0, size(remaining, dispatched)});
+        })));
+  }
+  SUBCASE("waits while 3 rows or more are in flight") {
+    const auto asked = asked_by_model_and_simulator(
+        logged({"cpu"}, [&](auto loads, std::int64_t remaining, std::int64_t dispatched) {
+          return in_flight(loads) >= 3
+                     ? std::nullopt
+                     : std::optional<ChunkChoice>(ChunkChoice{0, size(remaining, dispatched)});
+        }));
+    check(asked);
+    CHECK(std::count(asked.first.begin(), asked.first.end(), "next {3 } 4 -> wait") == 1);
+  }
+  SUBCASE("waits while any chunk is in flight, alternating between a worker's lane and the "
+          "calling thread's") {
+    const auto asked = asked_by_model_and_simulator(
+        logged({"cpu", "cpu"}, [&](auto loads, std::int64_t remaining, std::int64_t dispatched) {
+          return in_flight(loads) > 0 ? std::nullopt
+                                      : std::optional<ChunkChoice>(ChunkChoice{
+                                            static_cast<std::size_t>(dispatched % 2),
+                                            size(remaining, dispatched)});
+        }));
+    check(asked);
+    CHECK(std::count_if(asked.first.begin(), asked.first.end(), [](const std::string& line) {
+            return line.ends_with("-> wait");
+          }) >= 4);
+  }
 }
 
 namespace {

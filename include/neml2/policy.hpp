@@ -39,9 +39,10 @@
 /// };
 /// @endcode
 /// Optional members: `validate() const` (called when a model is loaded with the policy),
-/// and for asynchronous policies `chunks_in_flight(std::size_t device) const`, how many
-/// chunks may run at once on an accelerator (streams, loader runners; 1 to 1024, default
-/// 1; asked once per accelerator when a model is made). What each answer means, and its
+/// and `chunks_in_flight(std::size_t device) const`, how many chunks may run at once on an
+/// accelerator (1 to 1024, default 1; asked once per accelerator when a model is made, of a
+/// policy of either mode): the loader runners of its session, so that many calls from
+/// several threads run there at once, and for an asynchronous policy as many workers. What each answer means, and its
 /// checks, are detail/policy_protocol.hpp's: a model, the simulator and the Python adapter
 /// ask alike.
 

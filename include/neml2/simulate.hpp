@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include <neml2/detail/async_schedule.hpp>
 #include <neml2/detail/policy_protocol.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/policy.hpp>
@@ -172,37 +173,33 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
 
   if constexpr (is_asynchronous_policy_v<Policy>) {
     detail::PolicyWithState<Policy> asked(policy);
-    std::vector<std::int64_t> rows_in_flight(devices.size(), 0);
+    detail::AsyncSchedule schedule(asked, listed);
     struct Pending {
       double end, seconds;
       std::size_t order; // into timeline
+      detail::ScheduledChunk chunk;
     };
     std::vector<Pending> pending;
     for (std::size_t call = 0; call < calls; ++call) {
-      std::int64_t first = 0;
-      std::size_t index = 0;
-      const auto dispatch = [&] {
-        while (first < batch) {
-          const auto choice = detail::next_chunk(
-              asked, std::span<const std::int64_t>(rows_in_flight), batch - first, batch, listed);
-          if (!choice)
-            return;
-          detail::check_chunk_count(timeline.size(), 1, 1, batch, calls);
-          asked.on_dispatched(choice->device, choice->rows);
-          rows_in_flight[choice->device] += choice->rows;
-          SimulatedChunk chunk{.call = call,
-                               .index = index++,
-                               .device = choice->device,
-                               .first = first,
-                               .rows = choice->rows};
-          const auto [end, seconds] = node.run(chunk, now);
-          pending.push_back({end, seconds, timeline.size()});
-          timeline.push_back(chunk);
-          first += choice->rows;
-        }
+      detail::ScheduledCall scheduled(batch);
+      const auto dispatch = [&](detail::ScheduledCall& c) {
+        schedule.dispatch(
+            c, [&](const detail::ScheduledChunk&) {
+              detail::check_chunk_count(timeline.size(), 1, 1, batch, calls);
+            },
+            [&](const detail::ScheduledChunk& chunk) {
+              SimulatedChunk simulated{.call = call,
+                                       .index = chunk.index,
+                                       .device = chunk.device,
+                                       .first = chunk.first,
+                                       .rows = chunk.rows};
+              const auto [end, seconds] = node.run(simulated, now);
+              pending.push_back({end, seconds, timeline.size(), chunk});
+              timeline.push_back(simulated);
+            });
       };
-      dispatch();
-      while (!pending.empty()) {
+      dispatch(scheduled);
+      while (!pending.empty()) { // completions in time order, ties in dispatch order
         const auto next = std::min_element(
             pending.begin(), pending.end(), [](const Pending& a, const Pending& b) {
               return a.end < b.end || (a.end == b.end && a.order < b.order);
@@ -210,11 +207,11 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
         const auto done = *next;
         pending.erase(next);
         now = std::max(now, done.end);
-        const auto& chunk = timeline[done.order];
-        rows_in_flight[chunk.device] -= chunk.rows;
-        asked.on_completed(chunk.device, chunk.rows, done.seconds);
-        dispatch();
+        schedule.complete(scheduled, done.chunk, done.seconds);
+        for (auto* c : schedule.calls_with_room(scheduled))
+          dispatch(*c);
       }
+      schedule.close(scheduled);
       call_ends.push_back(now);
     }
   } else {

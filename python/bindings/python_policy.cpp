@@ -4,8 +4,9 @@
 // per call; "asynchronous": next_chunk(rows_in_flight, remaining) -> (device, rows) or
 // None, on_dispatched(device, rows), on_completed(device, rows, seconds), under the
 // model's lock (so the object may keep its own state, as a C++ policy's state_type).
-// This file only converts: what the answers mean, and their checks, are the C++ policies'
-// (neml2/detail/policy_protocol.hpp), so a Python policy is asked and refused as one.
+// This file only converts and forwards: what the answers mean, and their checks, are the
+// protocol's (neml2/detail/policy_protocol.hpp), so a Python policy is asked and refused as a
+// C++ one; only a value of the wrong Python type is refused here.
 
 #include <cstddef>
 #include <cstdint>
@@ -63,12 +64,10 @@ std::optional<ChunkChoice> convert<std::optional<ChunkChoice>>(py::handle value,
     throw FatalError(std::string("the Python policy's ") + name + "() returned " +
                      py::repr(value).cast<std::string>() +
                      "; it must return (device index, rows) or None to wait");
-  const auto device = convert<std::int64_t>(PyTuple_GET_ITEM(value.ptr(), 0), name);
-  if (device < 0)
-    throw FatalError(std::string("the Python policy's ") + name + "() chose device index " +
-                     std::to_string(device) + "; return an index into its devices");
-  return ChunkChoice{static_cast<std::size_t>(device),
-                     convert<std::int64_t>(PyTuple_GET_ITEM(value.ptr(), 1), name)};
+  // Below 0 wraps, as a C++ policy's would: the protocol refuses it, naming it as given.
+  return ChunkChoice{
+      static_cast<std::size_t>(convert<std::int64_t>(PyTuple_GET_ITEM(value.ptr(), 0), name)),
+      convert<std::int64_t>(PyTuple_GET_ITEM(value.ptr(), 1), name)};
 }
 
 // Calls object.name(args...) as a callback: a Python exception becomes a FatalError that
@@ -102,16 +101,26 @@ void validate_object(const Held& object) {
   call<void>(nullptr, object, "validate");
 }
 
-/// A synchronous policy in Python.
-struct PythonSynchronousPolicy {
-  using dispatch_mode = synchronous;
-
+// What both modes share: the object, its model's interrupts, validate() and
+// chunks_in_flight() (1 when the object has none, as for a C++ policy without the member).
+struct PythonPolicy {
   Held object;
-  std::vector<Device> listed;
+  bool has_chunks_in_flight = false;
   Interrupts pending; // its model's (null in simulate)
 
-  [[nodiscard]] const std::vector<Device>& devices() const { return listed; }
   void validate() const { validate_object(object); }
+  [[nodiscard]] std::int64_t chunks_in_flight(std::size_t d) const {
+    return has_chunks_in_flight ? call<std::int64_t>(pending, object, "chunks_in_flight", d) : 1;
+  }
+};
+
+/// A synchronous policy in Python.
+struct PythonSynchronousPolicy : PythonPolicy {
+  using dispatch_mode = synchronous;
+
+  std::vector<Device> listed;
+
+  [[nodiscard]] const std::vector<Device>& devices() const { return listed; }
   [[nodiscard]] Device compute_device() const {
     return Device(call<std::string>(pending, object, "compute_device"));
   }
@@ -123,15 +132,11 @@ static_assert(DispatchPolicy<PythonSynchronousPolicy>);
 
 /// An asynchronous policy in Python: its state is the object's own (the hooks are called
 /// one at a time, under the model's lock).
-struct PythonAsynchronousPolicy {
+struct PythonAsynchronousPolicy : PythonPolicy {
   using dispatch_mode = asynchronous;
 
-  Held object;
   std::vector<Device> devices;
-  bool has_chunks_in_flight = false;
-  Interrupts pending; // its model's (null in simulate)
 
-  void validate() const { validate_object(object); }
   [[nodiscard]] std::optional<ChunkChoice> next_chunk(std::span<const std::int64_t> rows_in_flight,
                                                       std::int64_t remaining, no_state&) const {
     const std::vector<std::int64_t> loads(rows_in_flight.begin(), rows_in_flight.end());
@@ -142,9 +147,6 @@ struct PythonAsynchronousPolicy {
   }
   void on_completed(std::size_t device, std::int64_t rows, double seconds, no_state&) const {
     call<void>(pending, object, "on_completed", device, rows, seconds);
-  }
-  [[nodiscard]] std::int64_t chunks_in_flight(std::size_t d) const {
-    return has_chunks_in_flight ? call<std::int64_t>(pending, object, "chunks_in_flight", d) : 1;
   }
 };
 static_assert(DispatchPolicy<PythonAsynchronousPolicy>);
@@ -178,14 +180,14 @@ std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const Held&
   if (!py::hasattr(policy, "devices"))
     throw FatalError("a Python policy must provide devices (a list of device strings, or a "
                      "method returning one): the devices it may use");
+  PythonPolicy common{held, py::hasattr(policy, "chunks_in_flight"), std::move(pending)};
   auto devices = devices_of(policy);
   if (mode == "synchronous") {
     require(policy, "synchronous", {"compute_device", "chunk_rows"});
-    return PythonSynchronousPolicy{held, std::move(devices), std::move(pending)};
+    return PythonSynchronousPolicy{std::move(common), std::move(devices)};
   }
   require(policy, "asynchronous", {"next_chunk", "on_dispatched", "on_completed"});
-  return PythonAsynchronousPolicy{held, std::move(devices), py::hasattr(policy, "chunks_in_flight"),
-                                  std::move(pending)};
+  return PythonAsynchronousPolicy{std::move(common), std::move(devices)};
 }
 
 } // namespace

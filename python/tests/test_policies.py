@@ -111,6 +111,7 @@ class Chooses(Shrinking):
     (Answers(-1), r"chunk_rows\(3\) returned -1; chunk_rows\(\) must return >= 0"),
     (Answers(ValueError("no idea")), r"chunk_rows\(\) raised ValueError: no idea"),
     (Chooses((5, 1)), r"next_chunk\(\) chose device index 5"),
+    (Chooses((-1, 1)), r"next_chunk\(\) chose device index -1, but the policy lists 1 device"),
     (Chooses((0, 0)), r"next_chunk\(\) chose 0 rows for cpu with 3 rows remaining"),
     (Chooses(None), r"next_chunk\(\) gave no chunk while every device was idle"),
     (Chooses([0, 1]), r"must return \(device index, rows\) or None"),
@@ -168,9 +169,22 @@ class InFlight(Shrinking):
         return self.answer
 
 
+class SyncInFlight(EveryN):
+    """Synchronous, with chunks in flight as a C++ synchronous policy may have: read too."""
+    devices = ["cpu", "cuda:0"]
+
+    def __init__(self, answer):
+        super().__init__(0)
+        self.answer = answer
+
+    def chunks_in_flight(self, device):
+        return self.answer
+
+
 @pytest.mark.parametrize("policy", [
-    Answers(-1), Answers("many"), Answers(2**70), Chooses((5, 1)), Chooses((0, 0)),
-    Chooses((0, 4)), Chooses(None), InFlight(0), InFlight(-1), InFlight(2000), InFlight("two"),
+    Answers(-1), Answers("many"), Answers(2**70), Chooses((5, 1)), Chooses((-1, 1)),
+    Chooses((0, 0)), Chooses((0, 4)), Chooses(None), InFlight(0), InFlight(-1), InFlight(2000),
+    InFlight("two"), SyncInFlight(0), SyncInFlight(1025),
 ], ids=repr)
 def test_a_model_and_the_simulator_refuse_a_python_policys_bad_answer_alike(elasticity, policy):
     with pytest.raises(nd.FatalError) as by_model:

@@ -50,9 +50,10 @@ std::optional<ChunkChoice> next_chunk(AsyncPolicyCalls& policy,
                        "only to wait for a chunk in flight");
     return choice;
   }
-  if (choice->device >= devices.size())
+  if (choice->device >= devices.size()) // an index below 0 arrives wrapped: said as given
     throw FatalError("the dispatch policy's next_chunk() chose device index " +
-                     std::to_string(choice->device) + ", but the policy lists " +
+                     std::to_string(static_cast<std::int64_t>(choice->device)) +
+                     ", but the policy lists " +
                      std::to_string(devices.size()) + " device(s) " + devices_text(devices) +
                      "; return an index into its devices");
   if (choice->rows < 1 || choice->rows > remaining)

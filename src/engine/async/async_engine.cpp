@@ -14,6 +14,7 @@
 #include <ATen/ATen.h>
 
 #include <neml2/detail/async_engine.hpp>
+#include <neml2/detail/async_schedule.hpp>
 
 #include "core/stopwatch.hpp"
 #include "engine/async/streams.hpp"
@@ -47,11 +48,13 @@ void rethrow(std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
   throw AggregateError(std::move(all));
 }
 
-// One call of an asynchronous policy: what is left to dispatch, its chunks in flight, its
-// failures. Lives on the calling thread's stack; guarded by Engine::mutex.
-struct Progress {
+// One call of an asynchronous policy: its place in the schedule, its chunks for the
+// calling thread, its failures. Lives on the calling thread's stack; guarded by
+// Engine::mutex.
+struct Progress : ScheduledCall {
   Progress(Operation op, BoundCall& call, std::vector<at::Tensor> targets)
-      : op(op)
+      : ScheduledCall(call.batch)
+      , op(op)
       , call(call)
       , targets(std::move(targets)) {}
   Operation op;
@@ -59,40 +62,34 @@ struct Progress {
   std::vector<at::Tensor> targets; // the caller's tensors, until `results` takes them
   std::optional<Gatherer> results; // made before the first chunk goes to the pool
   CallerStreams caller;            // recorded then: what workers wait for
-  std::int64_t first = 0;          // the next row to dispatch
-  std::size_t index = 0;           // the next chunk's number
-  std::size_t in_flight = 0;
-  struct Chunk {
-    std::int64_t first, rows;
-    std::size_t index;
-  };
-  std::deque<Chunk> caller_chunks; // for the lane the calling thread serves, not yet run
+  std::deque<ScheduledChunk> caller_chunks; // for the calling thread's lane, not yet run
   std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
   bool interrupted = false; // the interrupt check stopped the call
   std::condition_variable finished; // the calling thread sleeps here (or runs caller_chunks)
-  [[nodiscard]] bool done() const {
-    return in_flight == 0 && (first == call.batch || !errors.empty());
+  // Records a failure of chunk `chunk`: no chunk is dispatched after it.
+  void fail(std::size_t chunk, std::exception_ptr error) {
+    errors.emplace_back(chunk, std::move(error));
+    stopped = true;
   }
 };
 
 // What every call and worker of one asynchronous model shares, under one lock (the
-// policy's state included: PolicyCalls is called only with it held).
+// schedule, and so the policy's state, included).
 struct Engine {
-  Engine(std::size_t devices, const std::vector<WorkerPool::Lane>& lanes)
-      : rows_in_flight(devices, 0)
+  Engine(AsyncPolicyCalls& policy, std::vector<Device> devices,
+         const std::vector<WorkerPool::Lane>& lanes)
+      : schedule(policy, std::move(devices))
       , pool(lanes) {}
   std::mutex mutex;
-  std::vector<std::int64_t> rows_in_flight; // per device
-  std::vector<Progress*> waiting_for_room;  // calls the policy told to wait
-  std::mutex caller_lane;                   // held by the thread running a chunk there
-  WorkerPool pool;                          // last: joined before the rest goes
+  AsyncSchedule schedule;
+  std::mutex caller_lane; // held by the thread running a chunk there
+  WorkerPool pool;        // last: joined before the rest goes
 };
 } // namespace
 
 struct AsyncEngine::Impl {
-  Impl(const ModelCore& model, AsyncPolicyCalls& calls)
-      : core(model.state())
-      , policy(calls) {
+  Impl(const ModelCore& model, AsyncPolicyCalls& policy)
+      : core(model.state()) {
     const auto& compute = core.compute;
     const auto cpu = std::find_if(compute.begin(), compute.end(),
                                   [](const c10::Device& d) { return d.is_cpu(); });
@@ -101,7 +98,7 @@ struct AsyncEngine::Impl {
     std::vector<WorkerPool::Lane> lanes;
     for (std::size_t d = 0; d < compute.size(); ++d)
       lanes.push_back({compute[d], d == _caller_lane ? 0 : core.chunks_in_flight[d]});
-    _engine = std::make_unique<Engine>(compute.size(), lanes);
+    _engine = std::make_unique<Engine>(policy, core.devices, lanes);
   }
 
   [[nodiscard]] const Session& session() const noexcept { return core.sessions.front(); }
@@ -128,24 +125,24 @@ struct AsyncEngine::Impl {
         std::unique_lock<std::mutex> lane; // the CPU's: one chunk at a time across calls
         if (d == _caller_lane)
           lane = std::unique_lock(engine.caller_lane);
-        complete(*d, 0, call.batch, 0, progress, [&] {
+        complete({0, *d, 0, call.batch}, progress, [&] {
           direct = run_whole(core, op, call, *d, progress.targets);
           finished_on(core, *d); // the policy's seconds end when the results are ready
         });
       }
       lock.lock();
-    } else if (!progress.results && progress.errors.empty()) {
+    } else if (!progress.results && !progress.stopped) {
       try { // the policy made it wait: started here, not on a worker
         start_on_pool(progress);
       } catch (...) { // then it waits for nothing: no chunk is booked, none will be
-        progress.errors.emplace_back(
-            progress.index, as_library_error(std::current_exception(), "allocating the outputs"));
+        progress.fail(progress.index,
+                      as_library_error(std::current_exception(), "allocating the outputs"));
       }
     }
     // From here on the call leaves only when it is done (no chunk of it in flight) and
     // after it is off the list of calls waiting for room.
     run_caller_chunks(progress, lock);
-    std::erase(engine.waiting_for_room, &progress);
+    engine.schedule.close(progress);
     lock.unlock();
     rethrow(progress.errors);
     if (!progress.results)
@@ -170,7 +167,7 @@ struct AsyncEngine::Impl {
       lock.unlock();
       {
         const std::lock_guard lane(_engine->caller_lane);
-        complete(*_caller_lane, chunk.first, chunk.rows, chunk.index, p, [&] {
+        complete(chunk, p, [&] {
           if (stopped)
             return;
           if (chunk.index > 0) {
@@ -181,7 +178,7 @@ struct AsyncEngine::Impl {
               throw;
             }
           }
-          run_chunk_here(p, *_caller_lane, chunk.first, chunk.rows, chunk.index);
+          run_chunk_here(p, chunk);
         });
       }
       lock.lock();
@@ -210,7 +207,7 @@ struct AsyncEngine::Impl {
       }
       lock.lock();
       if (stop) {
-        p.errors.emplace_back(p.index, stop);
+        p.fail(p.index, stop);
         p.interrupted = true;
       }
     }
@@ -227,83 +224,62 @@ struct AsyncEngine::Impl {
   // the device when the whole batch may run in place on the calling thread instead.
   std::optional<std::size_t> dispatch_ready(Progress& p, bool may_run_here) const {
     auto& engine = *_engine;
-    const auto batch = p.call.batch;
+    std::optional<std::size_t> whole;
     try {
       const InCallback in_callback;
-      while (p.first < batch && p.errors.empty()) {
-        const auto choice = next_chunk(policy, std::span<const std::int64_t>(engine.rows_in_flight),
-                                       batch - p.first, batch, core.devices);
-        if (!choice) {
-          if (std::find(engine.waiting_for_room.begin(), engine.waiting_for_room.end(), &p) ==
-              engine.waiting_for_room.end())
-            engine.waiting_for_room.push_back(&p);
-          return std::nullopt;
-        }
-        // Not a structured binding: the lambda below captures them (clang 14, the fuzz
-        // build's compiler, cannot capture bindings).
-        const auto d = choice->device;
-        const auto n = choice->rows;
-        const bool whole_here = may_run_here && n == batch && p.call.device == core.compute[d];
-        // Outputs first (only on the calling thread: dispatch_async starts the others): a
-        // failure leaves nothing booked with the policy or the loads.
-        if (!whole_here && !p.results)
-          start_on_pool(p);
-        policy.on_dispatched(d, n);
-        engine.rows_in_flight[d] += n;
-        ++p.in_flight;
-        const auto first = p.first;
-        const auto index = p.index++;
-        p.first += n;
-        if (whole_here)
-          return d;
-        try {
-          if (d == _caller_lane) {
-            p.caller_chunks.push_back({first, n, index});
-            p.finished.notify_one(); // the calling thread runs it
-            continue;
-          }
-          engine.pool.submit(d, [this, &p, d, n, first, index] {
-            complete(d, first, n, index, p, [&] {
-              p.caller.wait(); // after what the caller queued: its inputs, readers of outputs
-              run_chunk_here(p, d, first, n, index);
-            });
+      const auto whole_here = [&](const ScheduledChunk& c) {
+        return may_run_here && c.rows == p.batch && p.call.device == core.compute[c.device];
+      };
+      engine.schedule.dispatch(
+          p,
+          [&](const ScheduledChunk& c) {
+            // Outputs first (only on the calling thread: dispatch_async starts the others):
+            // a failure leaves nothing booked with the policy or the loads.
+            if (!whole_here(c) && !p.results)
+              start_on_pool(p);
+          },
+          [&](const ScheduledChunk& c) {
+            if (whole_here(c))
+              whole = c.device;
+            else if (c.device == _caller_lane) {
+              p.caller_chunks.push_back(c);
+              p.finished.notify_one(); // the calling thread runs it
+            } else {
+              engine.pool.submit(c.device, [this, &p, c] {
+                complete(c, p, [&] {
+                  p.caller.wait(); // after what the caller queued: its inputs, readers of outputs
+                  run_chunk_here(p, c);
+                });
+              });
+            }
           });
-        } catch (...) { // not queued: it will never complete
-          engine.rows_in_flight[d] -= n;
-          --p.in_flight;
-          throw;
-        }
-      }
     } catch (...) {
-      p.errors.emplace_back(p.index, as_library_error(std::current_exception(),
-                                                      "the dispatch policy's next_chunk() "
-                                                      "or on_dispatched()"));
+      p.fail(p.index, as_library_error(std::current_exception(),
+                                       "the dispatch policy's next_chunk() or on_dispatched()"));
     }
-    return std::nullopt;
+    return whole;
   }
 
-  // Runs a chunk, then books its completion (loads, the policy, the observer, the call)
-  // and dispatches what the freed room allows, for its call and for calls waiting for room.
+  // Runs a chunk, then books its completion (the schedule, the observer, the call) and
+  // dispatches what the freed room allows, for its call and for calls waiting for room.
   template <class Run>
-  void complete(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index,
-                Progress& progress, Run&& run) const {
+  void complete(const ScheduledChunk& chunk, Progress& progress, Run&& run) const {
     const auto start = steady_clock::now();
     std::exception_ptr error;
     try {
       run();
     } catch (...) {
-      error =
-          as_library_error(std::current_exception(), "running a chunk on " + core.devices[d].str());
+      error = as_library_error(std::current_exception(),
+                               "running a chunk on " + core.devices[chunk.device].str());
     }
     const auto seconds = seconds_since(start);
     auto& engine = *_engine;
     std::lock_guard lock(engine.mutex);
-    engine.rows_in_flight[d] -= rows;
     try {
       const InCallback in_callback;
-      policy.on_completed(d, rows, seconds);
+      engine.schedule.complete(progress, chunk, seconds);
       if (core.observer)
-        core.observer(core.event(index, d, first, rows, seconds));
+        core.observer(core.event(chunk.index, chunk.device, chunk.first, chunk.rows, seconds));
     } catch (...) {
       if (!error)
         error = as_library_error(std::current_exception(),
@@ -311,35 +287,30 @@ struct AsyncEngine::Impl {
                                  "observer, after a chunk completed");
     }
     if (error)
-      progress.errors.emplace_back(index, error);
-    --progress.in_flight;
+      progress.fail(chunk.index, error);
     // Notified under the lock: a finished call's Progress goes as soon as it is released.
-    dispatch_ready(progress, false);
-    if (progress.done())
-      progress.finished.notify_one();
-    for (auto* other : std::exchange(engine.waiting_for_room, {})) {
-      dispatch_ready(*other, false);
-      if (other->done())
-        other->finished.notify_one();
+    for (auto* call : engine.schedule.calls_with_room(progress)) {
+      auto& other = static_cast<Progress&>(*call);
+      dispatch_ready(other, false);
+      if (other.done())
+        other.finished.notify_one();
     }
   }
 
   // One chunk's rows, taken onto device d (staged through pinned memory from the host to an
   // accelerator), run and put in place (any thread).
-  void run_chunk_here(Progress& p, std::size_t d, std::int64_t first, std::int64_t rows,
-                      std::size_t index) const {
-    const auto device = core.compute[d];
+  void run_chunk_here(Progress& p, const ScheduledChunk& c) const {
+    const auto device = core.compute[c.device];
     ChunkArgs chunk;
     if (device.is_cpu() || device == p.call.device)
-      take_rows(p.call, first, rows, device, chunk);
+      take_rows(p.call, c.first, c.rows, device, chunk);
     else
-      take_rows_staged(p.call, first, rows, device, chunk);
-    run_chunk(core, p.op, chunk, *p.results, d, first, index);
-    finished_on(core, d); // its results ready (and this thread's staging buffers free again)
+      take_rows_staged(p.call, c.first, c.rows, device, chunk);
+    run_chunk(core, p.op, chunk, *p.results, c.device, c.first, c.index);
+    finished_on(core, c.device); // its results ready (and this thread's staging buffers free)
   }
 
   const ModelCore::State& core;
-  AsyncPolicyCalls& policy;
   std::unique_ptr<Engine> _engine;
   // The first CPU device: its chunks run on the thread that made the call, while it waits
   // (no worker: a worker's OpenMP team would be a second one, and libgomp stops spinning
