@@ -1,5 +1,4 @@
-// Reading metadata.json, what neml2-compile writes beside the graphs (the stub: stub.cpp).
-// Every malformed case is a FatalError naming the file and the fix.
+// metadata.json read into an Artifact; anything malformed is a FatalError naming the field.
 
 #include <algorithm>
 
@@ -17,8 +16,6 @@ using json = nlohmann::json;
 
 namespace neml2 {
 namespace {
-
-// ---------------------------------------------------------------- metadata.json
 
 constexpr std::string_view regenerate = "regenerate the artifact with neml2-compile";
 
@@ -343,55 +340,7 @@ SolverConfig read_solver_config(const json& c, const MetadataFields& r) {
   return config;
 }
 
-std::string list_leaves(const fs::path& root) {
-  std::vector<std::string> leaves;
-  std::error_code ec;
-  for (const auto& dev : fs::directory_iterator(root, ec))
-    if (dev.is_directory(ec))
-      for (const auto& dt : fs::directory_iterator(dev.path(), ec))
-        if (dt.is_directory(ec))
-          leaves.push_back(dev.path().filename().string() + "/" + dt.path().filename().string());
-  std::sort(leaves.begin(), leaves.end());
-  return leaves.empty() ? "none" : fmt::format("{}", fmt::join(leaves, ", "));
-}
-
 } // namespace
-
-std::string dtype_folder(c10::ScalarType dtype) {
-  switch (dtype) {
-  case c10::kDouble:
-    return "float64";
-  case c10::kFloat:
-    return "float32";
-  default:
-    throw FatalError(fmt::format("dtype {} has no compiled artifacts: neml2-compile --dtype "
-                                 "takes float64 or float32",
-                                 c10::toString(dtype)));
-  }
-}
-
-c10::ScalarType dtype_from_name(const std::string& name) {
-  static const std::map<std::string, c10::ScalarType> known = {
-      {"float64", c10::kDouble},    {"float32", c10::kFloat}, {"float16", c10::kHalf},
-      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},    {"int32", c10::kInt},
-      {"bool", c10::kBool}};
-  const auto it = known.find(name.starts_with("torch.") ? name.substr(6) : name);
-  if (it == known.end())
-    throw FatalError(fmt::format("unknown dtype '{}'", name));
-  return it->second;
-}
-
-fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
-  auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
-  if (fs::is_directory(detail::status_of(dir, "the graphs folder")))
-    return dir;
-  throw FatalError(fmt::format(
-      "artifact '{}' has no graphs for device {} and dtype {} (no folder {}/{}); it has: {}. "
-      "Compile them with: neml2-compile <input.i> --model {} --device {} --dtype {} (plus the "
-      "-p/-d options used before)",
-      root.string(), device.str(), dtype_folder(dtype), device.folder(), dtype_folder(dtype),
-      list_leaves(root), root.filename().string(), device.folder(), dtype_folder(dtype)));
-}
 
 Artifact read_artifact(const fs::path& root) {
   const auto file = root / "metadata.json";
@@ -408,24 +357,6 @@ Artifact read_artifact(const fs::path& root) {
 }
 
 namespace detail {
-
-std::optional<std::string> check_krylov(const SolverConfig::Krylov& k) {
-  if (k.method != "gmres")
-    return fmt::format("method is '{}'; the Krylov methods run here: gmres", k.method);
-  if (k.cache_strategy != "none" && k.cache_strategy != "chord" && k.cache_strategy != "max_its")
-    return fmt::format("cache_strategy is '{}'; the cache strategies run here: none, chord, "
-                       "max_its",
-                       k.cache_strategy);
-  if (k.restart < 1)
-    return fmt::format("restart is {}; it must be >= 1", k.restart);
-  if (k.max_its < 1)
-    return fmt::format("max_its is {}; it must be >= 1", k.max_its);
-  if (!(k.abs_tol >= 0) || !(k.rel_tol >= 0))
-    return fmt::format("abs_tol is {} and rel_tol {}; both must be >= 0", k.abs_tol, k.rel_tol);
-  if (k.cache_max_its < 0)
-    return fmt::format("cache_max_its is {}; it must be >= 0", k.cache_max_its);
-  return std::nullopt;
-}
 
 Artifact parse_metadata(std::string_view text, const fs::path& root) {
   const auto file = root / "metadata.json";
