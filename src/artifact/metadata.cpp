@@ -89,10 +89,10 @@ private:
 
 std::map<std::string, std::string> aliases(const json& meta, const char* kind,
                                            const MetadataFields& r) {
-  if (!meta.contains("boundary_aliases") || !meta["boundary_aliases"].contains(kind))
+  if (!meta.contains("boundary_aliases"))
     return {};
-  return r.get<std::map<std::string, std::string>>(meta["boundary_aliases"], kind,
-                                                   "boundary_aliases");
+  return r.get_or<std::map<std::string, std::string>>(r.object(meta, "boundary_aliases", ""), kind,
+                                                      "boundary_aliases", {});
 }
 
 std::string aliased(const std::map<std::string, std::string>& alias, const std::string& name) {
@@ -194,8 +194,7 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
                          fmt::join(v.sub_batch_shape, ", "), fmt::join(v.base_shape, ", "),
                          values));
     v.role = r.get_or<std::string>(entry, "role", f, "static");
-    if (entry.contains("pair") && entry["pair"].is_string())
-      v.pair = entry["pair"].get<std::string>();
+    v.pair = r.get_nullable<std::string>(entry, "pair", f, ""); // null for a static given
     vars.push_back(std::move(v));
   });
   return vars;
@@ -228,7 +227,7 @@ bool sensitivity_is_iterative(const json& s, const char* key, const std::string&
   if (!s.contains(key))
     return false;
   const auto where = detail::field_path(field, key);
-  const auto kind = r.get<std::string>(s[key], "kind", where);
+  const auto kind = r.get<std::string>(r.object(s, key, field), "kind", where);
   if (kind != "direct" && kind != "krylov")
     r.fail(where + ".kind", fmt::format("'{}' is not a sensitivity solve neml2-dispatch knows "
                                         "(supported: direct, krylov)",
@@ -320,7 +319,7 @@ SolverConfig read_solver_config(const json& c, const MetadataFields& r) {
                 "the solver kinds run here are direct and krylov (GMRES)");
   if (config.solver_kind == "krylov") {
     const auto kf = f + ".krylov";
-    const auto& k = r.at(c, "krylov", f);
+    const auto& k = r.object(c, "krylov", f);
     auto& g = config.krylov;
     g.method = r.get_or<std::string>(k, "method", kf, g.method);
     g.restart = r.get_or<std::int64_t>(k, "restart", kf, g.restart);
@@ -437,7 +436,7 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
         pairs.emplace_back(pair[0], pair[1]);
   }
   if (meta.contains("solver_config"))
-    a.solver_config = read_solver_config(meta["solver_config"], r);
+    a.solver_config = read_solver_config(r.object(meta, "solver_config", ""), r);
   // The solver kind and the segments' graphs must agree: a Krylov step needs its matvec.
   const bool krylov = a.solver_config && a.solver_config->solver_kind == "krylov";
   for (std::size_t i = 0; i < a.segments.size(); ++i)
