@@ -252,3 +252,29 @@ TEST_CASE("substepping and a strong-Wolfe line search load; substepping roles th
   CHECK(contains(refused(), "given 'a' has substepping role 'ramp'; known roles are static, "
                             "old_state, cur_force and old_force"));
 }
+
+TEST_CASE("metadata.json: a substepping pair, a section or the aliases of the wrong type are "
+          "refused by name") {
+  const Scratch s;
+  const auto root = s.copy_root("scalar_substepping", "model");
+  const auto rewrite = metadata_rewriter(root);
+  // neml2-compile writes null for a static given's pair: no pair.
+  for (const auto& given : std::get<ImplicitSegment>(read_artifact(root).segments[0]).givens)
+    CHECK((given.role == "static") == given.pair.empty());
+  const auto refused = [&] { return test::fatal_message([&] { return read_artifact(root); }); };
+  const std::string unlike_neml2_compile =
+      "; the file is not what neml2-compile 3.x writes: regenerate the artifact with neml2-compile";
+  rewrite("\"pair\": \"x\"", "\"pair\": 7");
+  CHECK(contains(refused(), "metadata.json: field 'segments[0].givens[1].pair': "
+                            "[json.exception.type_error.302] type must be string, but is number" +
+                                unlike_neml2_compile));
+  rewrite("\"solver_config\": {", "\"solver_config\": [], \"solver_config_before\": {");
+  CHECK(contains(refused(), "metadata.json: field 'solver_config': expected an object" +
+                                unlike_neml2_compile));
+  rewrite("\"solver_kind\": \"direct\"", "\"solver_kind\": \"krylov\", \"krylov\": 7");
+  CHECK(contains(refused(), "metadata.json: field 'solver_config.krylov': expected an object" +
+                                unlike_neml2_compile));
+  rewrite("\"schema_version\": 14", "\"schema_version\": 14, \"boundary_aliases\": [\"x\"]");
+  CHECK(contains(refused(), "metadata.json: field 'boundary_aliases': expected an object" +
+                                unlike_neml2_compile));
+}

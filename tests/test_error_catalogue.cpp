@@ -532,9 +532,9 @@ TEST_CASE("rows of an implicit model that do not converge, through a DispatchedM
   }
 }
 
-// Library bugs found while writing docs/errors.md: these leave as std::filesystem_error and
-// std::ios_base::failure, not as neml2::FatalError. Skipped until fixed (src/artifact.cpp);
-// run with --no-skip.
+// Library bugs found while writing docs/errors.md, fixed since: these left as
+// std::filesystem_error and std::ios_base::failure, not as neml2::FatalError (files are read
+// by src/core/bounded_files.cpp).
 TEST_CASE("paths the file system cannot resolve or read are FatalErrors") {
   const Scratch s;
   const auto root = s.copy_root("elasticity", "elasticity");

@@ -20,7 +20,7 @@
 
 #include <neml2/artifact.hpp>
 
-#include "artifact/files.hpp"
+#include "core/bounded_files.hpp"
 
 namespace fs = std::filesystem;
 

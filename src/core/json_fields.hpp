@@ -74,12 +74,13 @@ public:
   /// `object[key]`, which must be an array.
   const nlohmann::json& array(const nlohmann::json& object, const std::string& key,
                               const std::string& field) const {
-    const auto& v = at(object, key, field);
-    if (!v.is_array())
-      fail(field_path(field, key), FieldProblem{.kind = FieldProblem::Kind::wrong_type,
-                                                .value = &v,
-                                                .expected = "an array"});
-    return v;
+    return of_type(object, key, field, nlohmann::json::value_t::array, "an array");
+  }
+
+  /// `parent[key]`, which must be an object: a section whose own fields are read by name.
+  const nlohmann::json& object(const nlohmann::json& parent, const std::string& key,
+                               const std::string& field) const {
+    return of_type(parent, key, field, nlohmann::json::value_t::object, "an object");
   }
 
   /// `object[key]` as a T (an integer type: a JSON integer that fits it; a vector of them:
@@ -108,6 +109,14 @@ public:
     return object.contains(key) ? get<T>(object, key, field) : fallback;
   }
 
+  /// get_or(), with null read as absent: a field its writer leaves null for "none".
+  template <class T>
+  T get_nullable(const nlohmann::json& object, const std::string& key, const std::string& field,
+                 T fallback) const {
+    const auto it = object.find(key);
+    return it == object.end() || it->is_null() ? fallback : get<T>(object, key, field);
+  }
+
 protected:
   /// The whole message for `problem` (words, or the caller's own) of `field`.
   [[nodiscard]] virtual std::string message(const std::string& field,
@@ -116,6 +125,16 @@ protected:
   [[nodiscard]] virtual std::string words(const FieldProblem& problem) const = 0;
 
 private:
+  const nlohmann::json& of_type(const nlohmann::json& object, const std::string& key,
+                                const std::string& field, nlohmann::json::value_t type,
+                                const char* expected) const {
+    const auto& v = at(object, key, field);
+    if (v.type() != type)
+      fail(field_path(field, key),
+           FieldProblem{.kind = FieldProblem::Kind::wrong_type, .value = &v, .expected = expected});
+    return v;
+  }
+
   template <class T>
   struct is_vector : std::false_type {};
   template <class T, class A>

@@ -17,7 +17,7 @@
 
 #include <neml2/errors.hpp>
 
-#include "artifact/files.hpp"
+#include "core/bounded_files.hpp"
 
 namespace fs = std::filesystem;
 

@@ -12,7 +12,7 @@
 
 #include <neml2/tune.hpp>
 
-#include "artifact/files.hpp"
+#include "core/bounded_files.hpp"
 #include "core/json_fields.hpp"
 #include "tools/recommendations_json.hpp"
 

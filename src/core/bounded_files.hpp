@@ -1,7 +1,8 @@
 #pragma once
 
-// Reading what neml2-compile wrote, with errors of our own family (src/artifact/), and
-// the bounds every reader checks before a third-party parser sees the text.
+// Files read whole within a bound, with errors of our own family, and the bounds every
+// reader (the stub, metadata.json, a graph package, a tune file) checks before a
+// third-party parser sees the text.
 
 #include <cstddef>
 #include <cstdint>

@@ -1,9 +1,6 @@
-// Reading metadata.json, what neml2-compile writes beside the graphs (the stub: stub.cpp).
-// Every malformed case is a FatalError naming the file and the fix.
+// metadata.json read into an Artifact; anything malformed is a FatalError naming the field.
 
 #include <algorithm>
-#include <array>
-#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -11,7 +8,7 @@
 
 #include <neml2/artifact.hpp>
 
-#include "artifact/files.hpp"
+#include "core/bounded_files.hpp"
 #include "core/json_fields.hpp"
 
 namespace fs = std::filesystem;
@@ -19,8 +16,6 @@ using json = nlohmann::json;
 
 namespace neml2 {
 namespace {
-
-// ---------------------------------------------------------------- metadata.json
 
 constexpr std::string_view regenerate = "regenerate the artifact with neml2-compile";
 
@@ -94,10 +89,10 @@ private:
 
 std::map<std::string, std::string> aliases(const json& meta, const char* kind,
                                            const MetadataFields& r) {
-  if (!meta.contains("boundary_aliases") || !meta["boundary_aliases"].contains(kind))
+  if (!meta.contains("boundary_aliases"))
     return {};
-  return r.get<std::map<std::string, std::string>>(meta["boundary_aliases"], kind,
-                                                   "boundary_aliases");
+  return r.get_or<std::map<std::string, std::string>>(r.object(meta, "boundary_aliases", ""), kind,
+                                                      "boundary_aliases", {});
 }
 
 std::string aliased(const std::map<std::string, std::string>& alias, const std::string& name) {
@@ -199,8 +194,7 @@ std::vector<ImplicitVariable> read_implicit_variables(const json& s, const char*
                          fmt::join(v.sub_batch_shape, ", "), fmt::join(v.base_shape, ", "),
                          values));
     v.role = r.get_or<std::string>(entry, "role", f, "static");
-    if (entry.contains("pair") && entry["pair"].is_string())
-      v.pair = entry["pair"].get<std::string>();
+    v.pair = r.get_nullable<std::string>(entry, "pair", f, ""); // null for a static given
     vars.push_back(std::move(v));
   });
   return vars;
@@ -233,7 +227,7 @@ bool sensitivity_is_iterative(const json& s, const char* key, const std::string&
   if (!s.contains(key))
     return false;
   const auto where = detail::field_path(field, key);
-  const auto kind = r.get<std::string>(s[key], "kind", where);
+  const auto kind = r.get<std::string>(r.object(s, key, field), "kind", where);
   if (kind != "direct" && kind != "krylov")
     r.fail(where + ".kind", fmt::format("'{}' is not a sensitivity solve neml2-dispatch knows "
                                         "(supported: direct, krylov)",
@@ -325,7 +319,7 @@ SolverConfig read_solver_config(const json& c, const MetadataFields& r) {
                 "the solver kinds run here are direct and krylov (GMRES)");
   if (config.solver_kind == "krylov") {
     const auto kf = f + ".krylov";
-    const auto& k = r.at(c, "krylov", f);
+    const auto& k = r.object(c, "krylov", f);
     auto& g = config.krylov;
     g.method = r.get_or<std::string>(k, "method", kf, g.method);
     g.restart = r.get_or<std::int64_t>(k, "restart", kf, g.restart);
@@ -345,156 +339,7 @@ SolverConfig read_solver_config(const json& c, const MetadataFields& r) {
   return config;
 }
 
-std::string list_leaves(const fs::path& root) {
-  std::vector<std::string> leaves;
-  std::error_code ec;
-  for (const auto& dev : fs::directory_iterator(root, ec))
-    if (dev.is_directory(ec))
-      for (const auto& dt : fs::directory_iterator(dev.path(), ec))
-        if (dt.is_directory(ec))
-          leaves.push_back(dev.path().filename().string() + "/" + dt.path().filename().string());
-  std::sort(leaves.begin(), leaves.end());
-  return leaves.empty() ? "none" : fmt::format("{}", fmt::join(leaves, ", "));
-}
-
-[[noreturn]] void unreadable(const char* what, const fs::path& path, const std::string& why) {
-  throw FatalError(fmt::format("cannot read {} '{}' ({}): check that it exists, that every link "
-                               "on the way resolves, and that you may read it",
-                               what, path.string(), why));
-}
-
-const char* kind_of(fs::file_type type) {
-  switch (type) {
-  case fs::file_type::directory:
-    return "folder";
-  case fs::file_type::fifo:
-    return "FIFO";
-  case fs::file_type::socket:
-    return "socket";
-  case fs::file_type::character:
-    return "character device";
-  case fs::file_type::block:
-    return "block device";
-  default:
-    return "special file";
-  }
-}
-
 } // namespace
-
-namespace detail {
-
-void check_size(std::uintmax_t size, std::size_t max_bytes, std::string_view what,
-                const std::string& path, std::string_view fix) {
-  if (size > max_bytes)
-    throw FatalError(fmt::format("{} '{}' is {} bytes, more than the {} bytes read at most (a "
-                                 "real one is far smaller); {}",
-                                 what, path, size, max_bytes, fix));
-}
-
-std::string read_text(const fs::path& file, const char* what, std::size_t max_bytes,
-                      std::string_view fix) {
-  const auto status = status_of(file, what);
-  if (fs::exists(status) && !fs::is_regular_file(status))
-    throw FatalError(fmt::format("{} '{}' is not a regular file but a {}; {}", what, file.string(),
-                                 kind_of(status.type()), fix));
-  std::error_code ec;
-  if (const auto size = fs::file_size(file, ec); !ec)
-    check_size(size, max_bytes, what, file.string(), fix);
-  // Read no further than the bound: a file can grow, and /proc's files say size 0.
-  std::ifstream in(file, std::ios::binary);
-  std::string text;
-  try {
-    std::array<char, 1 << 16> block{};
-    while (in && text.size() <= max_bytes) {
-      const auto n = in.rdbuf()->sgetn(block.data(), block.size());
-      if (n <= 0)
-        break;
-      text.append(block.data(), static_cast<std::size_t>(n));
-    }
-  } catch (const std::exception& e) { // a read error, e.g. reading /proc/self/mem
-    unreadable(what, file, e.what());
-  }
-  check_size(text.size(), max_bytes, what, file.string(), fix);
-  if (!in || in.bad())
-    unreadable(what, file, "the read failed");
-  return text;
-}
-
-void check_json_bounds(std::string_view text, const std::string& where, std::string_view fix) {
-  std::size_t depth = 0, values = 0, line = 1;
-  for (std::size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\n') {
-      ++line;
-    } else if (c == '"') { // a string, its escapes skipped
-      while (++i < text.size() && text[i] != '"')
-        if (text[i] == '\\')
-          ++i;
-      ++values;
-    } else if (c == '[' || c == '{') {
-      if (++depth > max_json_depth)
-        throw FatalError(fmt::format("{}: JSON nested more than {} deep (line {}); {}", where,
-                                     max_json_depth, line, fix));
-      ++values;
-    } else if (c == ']' || c == '}') {
-      depth -= depth > 0;
-    } else if (c == ',') {
-      ++values;
-    }
-    if (values > max_json_values)
-      throw FatalError(fmt::format("{}: more than {} JSON values (line {}); {}", where,
-                                   max_json_values, line, fix));
-  }
-}
-
-// fs::status without exceptions: a loop of links or an overlong name is the caller's
-// FatalError, not a std::filesystem::filesystem_error.
-fs::file_status status_of(const fs::path& path, const char* what) {
-  std::error_code ec;
-  const auto status = fs::status(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory && ec != std::errc::not_a_directory)
-    unreadable(what, path, ec.message());
-  return status;
-}
-
-} // namespace detail
-
-std::string dtype_folder(c10::ScalarType dtype) {
-  switch (dtype) {
-  case c10::kDouble:
-    return "float64";
-  case c10::kFloat:
-    return "float32";
-  default:
-    throw FatalError(fmt::format("dtype {} has no compiled artifacts: neml2-compile --dtype "
-                                 "takes float64 or float32",
-                                 c10::toString(dtype)));
-  }
-}
-
-c10::ScalarType dtype_from_name(const std::string& name) {
-  static const std::map<std::string, c10::ScalarType> known = {
-      {"float64", c10::kDouble},    {"float32", c10::kFloat}, {"float16", c10::kHalf},
-      {"bfloat16", c10::kBFloat16}, {"int64", c10::kLong},    {"int32", c10::kInt},
-      {"bool", c10::kBool}};
-  const auto it = known.find(name.starts_with("torch.") ? name.substr(6) : name);
-  if (it == known.end())
-    throw FatalError(fmt::format("unknown dtype '{}'", name));
-  return it->second;
-}
-
-fs::path Artifact::leaf(const Device& device, c10::ScalarType dtype) const {
-  auto dir = root / std::string(device.folder()) / dtype_folder(dtype);
-  if (fs::is_directory(detail::status_of(dir, "the graphs folder")))
-    return dir;
-  throw FatalError(fmt::format(
-      "artifact '{}' has no graphs for device {} and dtype {} (no folder {}/{}); it has: {}. "
-      "Compile them with: neml2-compile <input.i> --model {} --device {} --dtype {} (plus the "
-      "-p/-d options used before)",
-      root.string(), device.str(), dtype_folder(dtype), device.folder(), dtype_folder(dtype),
-      list_leaves(root), root.filename().string(), device.folder(), dtype_folder(dtype)));
-}
 
 Artifact read_artifact(const fs::path& root) {
   const auto file = root / "metadata.json";
@@ -511,24 +356,6 @@ Artifact read_artifact(const fs::path& root) {
 }
 
 namespace detail {
-
-std::optional<std::string> check_krylov(const SolverConfig::Krylov& k) {
-  if (k.method != "gmres")
-    return fmt::format("method is '{}'; the Krylov methods run here: gmres", k.method);
-  if (k.cache_strategy != "none" && k.cache_strategy != "chord" && k.cache_strategy != "max_its")
-    return fmt::format("cache_strategy is '{}'; the cache strategies run here: none, chord, "
-                       "max_its",
-                       k.cache_strategy);
-  if (k.restart < 1)
-    return fmt::format("restart is {}; it must be >= 1", k.restart);
-  if (k.max_its < 1)
-    return fmt::format("max_its is {}; it must be >= 1", k.max_its);
-  if (!(k.abs_tol >= 0) || !(k.rel_tol >= 0))
-    return fmt::format("abs_tol is {} and rel_tol {}; both must be >= 0", k.abs_tol, k.rel_tol);
-  if (k.cache_max_its < 0)
-    return fmt::format("cache_max_its is {}; it must be >= 0", k.cache_max_its);
-  return std::nullopt;
-}
 
 Artifact parse_metadata(std::string_view text, const fs::path& root) {
   const auto file = root / "metadata.json";
@@ -609,7 +436,7 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
         pairs.emplace_back(pair[0], pair[1]);
   }
   if (meta.contains("solver_config"))
-    a.solver_config = read_solver_config(meta["solver_config"], r);
+    a.solver_config = read_solver_config(r.object(meta, "solver_config", ""), r);
   // The solver kind and the segments' graphs must agree: a Krylov step needs its matvec.
   const bool krylov = a.solver_config && a.solver_config->solver_kind == "krylov";
   for (std::size_t i = 0; i < a.segments.size(); ++i)
