@@ -13,6 +13,10 @@ using test::metadata_rewriter;
 using test::Scratch;
 namespace fs = std::filesystem;
 
+// How every field error of metadata.json ends.
+const std::string unlike_neml2_compile =
+    "; the file is not what neml2-compile 3.x writes: regenerate the artifact with neml2-compile";
+
 TEST_CASE("a real artifact: variables, segment and graphs") {
   const auto root = resolve_artifact_root(test::stub("elasticity", "elasticity"), "elasticity");
   CHECK(root.filename() == "elasticity");
@@ -262,8 +266,6 @@ TEST_CASE("metadata.json: a substepping pair, a section or the aliases of the wr
   for (const auto& given : std::get<ImplicitSegment>(read_artifact(root).segments[0]).givens)
     CHECK((given.role == "static") == given.pair.empty());
   const auto refused = [&] { return test::fatal_message([&] { return read_artifact(root); }); };
-  const std::string unlike_neml2_compile =
-      "; the file is not what neml2-compile 3.x writes: regenerate the artifact with neml2-compile";
   rewrite("\"pair\": \"x\"", "\"pair\": 7");
   CHECK(contains(refused(), "metadata.json: field 'segments[0].givens[1].pair': "
                             "[json.exception.type_error.302] type must be string, but is number" +
@@ -276,5 +278,28 @@ TEST_CASE("metadata.json: a substepping pair, a section or the aliases of the wr
                                 unlike_neml2_compile));
   rewrite("\"schema_version\": 14", "\"schema_version\": 14, \"boundary_aliases\": [\"x\"]");
   CHECK(contains(refused(), "metadata.json: field 'boundary_aliases': expected an object" +
+                                unlike_neml2_compile));
+}
+
+TEST_CASE("metadata.json: a derivatives or parameter_derivatives entry that is not an [output, "
+          "input] pair is refused by name") {
+  const Scratch s;
+  const auto root = s.copy_root("scalar_substepping", "model");
+  const auto rewrite = metadata_rewriter(root);
+  CHECK(read_artifact(root).derivatives.size() == 5);
+  const auto refused = [&] { return test::fatal_message([&] { return read_artifact(root); }); };
+  // Each was skipped before: the artifact loaded without the derivative it was asked for.
+  rewrite("\"x\",\n      \"a\"\n", "\"x\",\n      \"a\",\n      \"t\"\n");
+  CHECK(contains(refused(), "metadata.json: field 'derivatives[1]': expected an [output, input] "
+                            "pair of names, got 3 names" +
+                                unlike_neml2_compile));
+  rewrite("\"derivatives\": [\n    [\n      \"x\",\n      \"x\"\n",
+          "\"derivatives\": [\n    [\n      \"x\"\n");
+  CHECK(contains(refused(), "metadata.json: field 'derivatives[0]': expected an [output, input] "
+                            "pair of names, got 1 name" +
+                                unlike_neml2_compile));
+  rewrite("\"parameter_derivatives\": []", "\"parameter_derivatives\": [[]]");
+  CHECK(contains(refused(), "metadata.json: field 'parameter_derivatives[0]': expected an "
+                            "[output, parameter] pair of names, got 0 names" +
                                 unlike_neml2_compile));
 }

@@ -430,10 +430,18 @@ Artifact parse_metadata(std::string_view text, const fs::path& root) {
   for (const auto* key : {"derivatives", "parameter_derivatives"}) {
     if (!meta.contains(key))
       continue;
-    auto& pairs = std::string(key) == "derivatives" ? a.derivatives : a.parameter_derivatives;
-    for (const auto& pair : r.get<std::vector<std::vector<std::string>>>(meta, key, ""))
-      if (pair.size() == 2)
-        pairs.emplace_back(pair[0], pair[1]);
+    const bool inputs = std::string(key) == "derivatives";
+    auto& pairs = inputs ? a.derivatives : a.parameter_derivatives;
+    const auto names = r.get<std::vector<std::vector<std::string>>>(meta, key, "");
+    for (std::size_t i = 0; i < names.size(); ++i) {
+      // Refused, not skipped: a skipped entry is a derivative asked for and silently absent.
+      if (names[i].size() != 2)
+        r.fail(fmt::format("{}[{}]", key, i),
+               fmt::format("expected an [output, {}] pair of names, got {} name{}",
+                           inputs ? "input" : "parameter", names[i].size(),
+                           names[i].size() == 1 ? "" : "s"));
+      pairs.emplace_back(names[i][0], names[i][1]);
+    }
   }
   if (meta.contains("solver_config"))
     a.solver_config = read_solver_config(r.object(meta, "solver_config", ""), r);
