@@ -18,7 +18,7 @@
 #include <memory>
 #include <utility>
 
-#include <neml2/dispatch_fwd.hpp>
+#include <neml2/any_dispatched_model.hpp>
 
 namespace neml2 {
 

@@ -20,6 +20,8 @@
 #include <neml2/detail/async_engine.hpp>
 #include <neml2/detail/model_core.hpp>
 #include <neml2/detail/policy_protocol.hpp>
+#include <neml2/detail/request.hpp>
+#include <neml2/detail/sync_call.hpp>
 #include <neml2/policy.hpp>
 
 namespace neml2::detail {
