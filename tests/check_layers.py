@@ -31,6 +31,7 @@ PUBLIC_HEADERS = {
     # graph/call.hpp, beside BoundCall
     "detail/destinations.hpp": "graph",
     "session.hpp": "session",
+    "detail/call_names.hpp": "session",  # a session's calls by name, for the engine and the host
     "memory.hpp": "session",  # src/session/result_memory.cpp
     "policy.hpp": "policies",
     "policies/*.hpp": "policies",  # every policy, and what one needs (its settings)

@@ -15,7 +15,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <neml2/artifact.hpp>
-#include <neml2/detail/destinations.hpp>
+#include <neml2/detail/call_names.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/observer.hpp>
 #include <neml2/session.hpp>
@@ -43,12 +43,9 @@ public:
   void set_observer(ChunkObserver observer);
   void set_interrupt_check(InterruptCheck check);
 
-  /// The inputs by name in input_names() order; a FatalError for a missing or unknown name.
-  [[nodiscard]] std::vector<at::Tensor> positional(const TensorMap& inputs) const;
-  /// The caller's tensors for `op`'s results (see AnyDispatchedModel::forward_into).
-  [[nodiscard]] Destinations destinations(Operation op, const TensorMap& values,
-                                          const TensorMap& tangents,
-                                          const VariablePairJacobian& blocks) const;
+  /// How a call's tensors are named (inputs in position, results as the public maps): the
+  /// first session's, the same on every device.
+  [[nodiscard]] CallNames names() const noexcept { return CallNames(session()); }
 
   /// The batch of a forward() the value graph on device `d` may take as given (a small
   /// dense CPU batch of a model without solve or parameters, nothing observed), or 0: then
@@ -58,21 +55,6 @@ public:
   /// forward() of a call batch_as_given() accepted: outputs in output_names() order.
   [[nodiscard]] std::vector<at::Tensor>
   forward_as_given(std::size_t d, const std::vector<at::Tensor>& inputs) const;
-
-  /// @name Results in slot order as the public maps.
-  ///@{
-  [[nodiscard]] TensorMap forward_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, TensorMap> jvp_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
-  jacobian_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
-  param_jacobian_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
-  ///@}
-
-  /// Inside a handler of `error`: rethrows it with its outputs by name when it is a per-row
-  /// failure that carries results only, else as it is.
-  [[noreturn]] void rethrow_with_outputs(const ConvergenceError& error) const;
 
   struct State; // src/engine/model_core.hpp
   [[nodiscard]] const State& state() const noexcept { return *_state; }
