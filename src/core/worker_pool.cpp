@@ -1,6 +1,6 @@
-// The worker threads of asynchronous policies (see worker_pool.hpp).
+// Worker threads on FIFO lanes (see worker_pool.hpp).
 
-#include "engine/async/worker_pool.hpp"
+#include "core/worker_pool.hpp"
 
 #include <algorithm>
 #include <atomic>
