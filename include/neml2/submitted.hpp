@@ -18,6 +18,8 @@
 #include <memory>
 #include <utility>
 
+#include <ATen/core/Tensor.h> // a future of a TensorMap holds tensors
+
 #include <neml2/any_dispatched_model.hpp>
 
 namespace neml2 {
