@@ -17,6 +17,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <neml2/detail/tune_measure.hpp>
 #include <neml2/dispatch.hpp>
 #include <neml2/simulate.hpp>
 #include <neml2/tune.hpp>
@@ -80,7 +81,7 @@ int main(int argc, char** argv) try {
       if (2 * r <= c.batch)
         dense.push_back(static_cast<std::int64_t>(std::llround(r * std::sqrt(2.0))));
     }
-    const auto inputs = neml2::tune_inputs(artifact, {}, c.batch, "cpu", at::kDouble);
+    const auto inputs = neml2::detail::tune_inputs(artifact, {}, c.batch, "cpu", at::kDouble);
     const auto model_with = [&](std::int64_t chunk) {
       return neml2::DispatchedModel<neml2::SyncChunking>(shared,
                                                          {.device = "cpu", .batch_size = chunk});

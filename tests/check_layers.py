@@ -31,14 +31,20 @@ PUBLIC_HEADERS = {
     # graph/call.hpp, beside BoundCall
     "detail/destinations.hpp": "graph",
     "session.hpp": "session",
+    "detail/call_names.hpp": "session",  # a session's calls by name, for the engine and the host
     "memory.hpp": "session",  # src/session/result_memory.cpp
     "policy.hpp": "policies",
     "policies/*.hpp": "policies",  # every policy, and what one needs (its settings)
     "observer.hpp": "engine",
     "dispatch_fwd.hpp": "engine",
+    "any_dispatched_model.hpp": "engine",
+    "prepared_call.hpp": "engine",
     "dispatched_model.hpp": "engine",
     "detail/dispatcher.hpp": "engine",
     "detail/model_core.hpp": "engine",
+    "detail/request.hpp": "engine",
+    "detail/sync_call.hpp": "engine",
+    "detail/testing.hpp": "engine",  # the tests' hooks into a model; included by tests only
     "detail/policy_protocol.hpp": "engine",
     # compiled in engine/async/, but DispatcherOf<P> (engine) holds one
     "detail/async_engine.hpp": "engine",

@@ -1,10 +1,11 @@
 // Compiled without ATen (no precompiled header): what a host's file that only holds and
-// calls a model sees of <neml2/dispatch_fwd.hpp>. It fails to compile if that header
-// brings in ATen's Tensor class.
+// calls a model sees of <neml2/dispatch_fwd.hpp> (holds: header_light.hpp) and
+// <neml2/any_dispatched_model.hpp> (calls). It fails to compile if either header brings in
+// ATen's Tensor class.
 
 #include "header_light.hpp"
 
-#include <neml2/dispatch_fwd.hpp>
+#include <neml2/any_dispatched_model.hpp>
 
 namespace {
 template <class T, class = decltype(sizeof(T))>
@@ -18,8 +19,8 @@ constexpr bool complete(...) {
 } // namespace
 
 static_assert(!complete<at::Tensor>(0),
-              "<neml2/dispatch_fwd.hpp> defines at::Tensor: it includes ATen; declare the "
-              "type instead (see errors.hpp)");
+              "<neml2/dispatch_fwd.hpp> or <neml2/any_dispatched_model.hpp> defines "
+              "at::Tensor: it includes ATen; declare the type instead (see errors.hpp)");
 
 namespace light {
 

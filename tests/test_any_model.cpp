@@ -1,9 +1,9 @@
 // AnyDispatchedModel: the calls of every DispatchedModel<Policy> behind one type, compiled
-// once. A host file compiled without ATen (header_light.cpp, <neml2/dispatch_fwd.hpp>)
-// holds and calls a model; models of two policies held as AnyDispatchedModel give the eager
-// results; a prepared call survives a move of its model; policy() is the model's copy; the
-// README's first snippet, compiled with nothing but <neml2/dispatch.hpp>, gives the eager
-// results.
+// once. A host file compiled without ATen (header_light.cpp, <neml2/dispatch_fwd.hpp> and
+// <neml2/any_dispatched_model.hpp>) holds and calls a model; models of two policies held as
+// AnyDispatchedModel give the eager results; a prepared call survives a move of its model; policy()
+// is the model's copy; the README's first snippet, compiled with nothing but <neml2/dispatch.hpp>,
+// gives the eager results.
 
 #include <unistd.h>
 

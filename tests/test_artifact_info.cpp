@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include <neml2/artifact_info.hpp>
+#include <neml2/detail/tune_measure.hpp>
 #include <neml2/tune.hpp>
 
 #include "reference.hpp"
@@ -28,7 +29,7 @@ std::vector<fs::path> every_root() {
 // Runs `op` on two generated rows (a batch every graph takes, the fixed-batch artifacts'
 // too): false when the session says the graphs are missing.
 bool runs(const Session& s, const Artifact& a, const std::string& op) {
-  const auto inputs = tune_inputs(a, {}, 2, "cpu", s.dtype());
+  const auto inputs = neml2::detail::tune_inputs(a, {}, 2, "cpu", s.dtype());
   try {
     if (op == "forward")
       (void)s.forward(inputs);

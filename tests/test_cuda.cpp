@@ -21,6 +21,8 @@
 #include <ATen/cuda/Sleep.h>
 #endif
 
+#include <neml2/detail/testing.hpp> // before_chunk
+
 #include "model_checks.hpp"
 #include "scratch.hpp"
 

@@ -10,6 +10,7 @@
 #include <limits>
 #include <thread>
 
+#include <neml2/detail/testing.hpp> // before_chunk
 #include <neml2/memory.hpp>
 
 #include "counting_allocator.hpp"

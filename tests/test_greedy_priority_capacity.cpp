@@ -6,6 +6,8 @@
 #include <mutex>
 #include <thread>
 
+#include <neml2/detail/testing.hpp> // before_chunk
+
 #include "graph/graph_calls.hpp" // the library's private parts
 #include "model_checks.hpp"
 

@@ -23,6 +23,7 @@
 #include <random>
 #include <thread>
 
+#include <neml2/detail/testing.hpp> // before_chunk
 #include <neml2/memory.hpp>
 
 #include "counting_allocator.hpp"

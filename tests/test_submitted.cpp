@@ -7,7 +7,7 @@
 #include <future>
 #include <thread>
 
-#include "engine/async/worker_pool.hpp"
+#include "core/worker_pool.hpp"
 #include "model_checks.hpp"
 
 using namespace neml2;

@@ -13,6 +13,7 @@
 #include <torch/headeronly/version.h>
 
 #include <neml2/detail/tune_decisions.hpp>
+#include <neml2/detail/tune_measure.hpp>
 #include <neml2/tune.hpp>
 
 #include "reference.hpp"
@@ -22,6 +23,9 @@ using namespace neml2;
 using neml2::detail::choose_overlap_chunks; // the tuner's decisions, tested on their own
 using neml2::detail::chunk_overhead_from;
 using neml2::detail::run_sweep;
+using neml2::detail::summarize;
+using neml2::detail::Sweep;
+using neml2::detail::tune_inputs; // how it measures
 using test::contains;
 namespace fs = std::filesystem;
 

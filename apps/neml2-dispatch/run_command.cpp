@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include <neml2/detail/tune_decisions.hpp>
+#include <neml2/detail/tune_measure.hpp>
 #include <neml2/dispatch.hpp>
 #include <neml2/tune.hpp>
 
@@ -49,7 +51,7 @@ struct RunCommand {
                                            std::move(policy_value), dtype);
     std::map<std::string, at::Tensor> in;
     try {
-      in = neml2::tune_inputs(artifact, evaluation.inputs.inputs(), batch, "cpu", dtype);
+      in = neml2::detail::tune_inputs(artifact, evaluation.inputs.inputs(), batch, "cpu", dtype);
     } catch (const neml2::Exception&) {
       throw;
     } catch (const std::exception& e) {
@@ -57,14 +59,14 @@ struct RunCommand {
                                           "--batch",
                                           batch, neml2::detail::first_lines(e.what(), 1)));
     }
-    const auto timing =
-        neml2::measure_calls([&] { neml2::call_operation(m, evaluation.measured.operation, in); },
-                             m.device(), evaluation.measured.warmup, evaluation.measured.repeats);
+    const auto timing = neml2::detail::measure_calls(
+        [&] { neml2::detail::call_operation(m, evaluation.measured.operation, in); }, m.device(),
+        evaluation.measured.warmup, evaluation.measured.repeats);
     if (timing.out_of_memory)
       throw neml2::FatalError(fmt::format("ran out of memory with {} rows; use a smaller --batch "
                                           "or --batch-size",
                                           batch));
-    const auto p = neml2::summarize(batch, timing);
+    const auto p = neml2::detail::summarize(batch, timing);
     fmt::print("{}\n{} {} rows, {}: {:.4g} rows/s median ({:.4g} to {:.4g}), {:.3f} ms per "
                "call\n",
                label, evaluation.measured.operation, batch, evaluation.model.dtype, p.median, p.low,

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <neml2/detail/tune_decisions.hpp>
 #include <neml2/tune.hpp>
 
 #include "arguments.hpp"
@@ -22,7 +23,8 @@ struct Progress {
   std::vector<neml2::Device> devices;
   bool bar = ::isatty(STDERR_FILENO) != 0;
 
-  void operator()(std::size_t d, const neml2::TunePoint& p, const neml2::Sweep& sweep) const {
+  void operator()(std::size_t d, const neml2::TunePoint& p,
+                  const neml2::detail::Sweep& sweep) const {
     const auto budget = sweep.options().budget_seconds;
     const auto left = std::max(0.0, budget - sweep.spent());
     const auto name = devices[d].str();
@@ -94,7 +96,8 @@ struct TuneCommand {
         .inputs = evaluation.inputs.inputs(),
         .on_point = {}};
     std::size_t last = 0;
-    options.on_point = [&](std::size_t d, const neml2::TunePoint& p, const neml2::Sweep& s) {
+    options.on_point = [&](std::size_t d, const neml2::TunePoint& p,
+                           const neml2::detail::Sweep& s) {
       if (d != last)
         progress.device_done();
       last = d;

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include <neml2/any_dispatched_model.hpp>
 #include <neml2/artifact.hpp>
 #include <neml2/device.hpp>
 #include <neml2/dispatch_fwd.hpp>
@@ -25,5 +26,6 @@
 #include <neml2/policies/mpi_rank_assign.hpp> // MPI only with neml2::dispatch_mpi
 #include <neml2/policies/sync_chunking.hpp>
 #include <neml2/policy.hpp>
+#include <neml2/prepared_call.hpp>
 #include <neml2/session.hpp>
 #include <neml2/version.hpp>

@@ -5,15 +5,16 @@
 /// chunks and run where the policy says, with results gathered on the input device. The
 /// policy is held by value and its calls are inlined (detail/dispatcher.hpp); the tensor
 /// work is compiled once (src/engine/). A file that only holds or passes models needs no
-/// more than <neml2/dispatch_fwd.hpp>.
+/// more than <neml2/dispatch_fwd.hpp>, one that calls them through AnyDispatchedModel no
+/// more than <neml2/any_dispatched_model.hpp>.
 
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include <neml2/any_dispatched_model.hpp>
 #include <neml2/detail/dispatcher.hpp>
-#include <neml2/dispatch_fwd.hpp>
 #include <neml2/policies/sync_chunking.hpp>
 #include <neml2/policy.hpp>
 

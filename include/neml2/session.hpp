@@ -17,7 +17,8 @@
 namespace neml2 {
 namespace detail {
 struct CallProtocol;
-}
+class CallNames;
+} // namespace detail
 
 /// @brief The compiled graphs of one artifact on one device, called by name.
 ///
@@ -113,6 +114,7 @@ public:
 
 private:
   friend struct detail::CallProtocol; // the engine's surface: src/session/call_protocol.hpp
+  friend class detail::CallNames;     // a call's tensors by name: <neml2/detail/call_names.hpp>
 
   [[nodiscard]] std::vector<at::Tensor> run_whole(Operation op, const TensorMap& inputs,
                                                   const TensorMap& extras) const;

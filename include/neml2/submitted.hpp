@@ -18,7 +18,9 @@
 #include <memory>
 #include <utility>
 
-#include <neml2/dispatch_fwd.hpp>
+#include <ATen/core/Tensor.h> // a future of a TensorMap holds tensors
+
+#include <neml2/any_dispatched_model.hpp>
 
 namespace neml2 {
 

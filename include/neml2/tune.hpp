@@ -16,9 +16,9 @@
 ///     std::make_shared<const neml2::Artifact>(artifact),
 ///     neml2::tuned_policy<neml2::GreedyPriorityCapacity>("model.tune.json", artifact));
 /// @endcode
-/// The sweep's decisions are plain code over measurements (Sweep, knee, recommend, and
-/// those in neml2/detail/tune_decisions.hpp), so they are tested on synthetic timings;
-/// tune() feeds them real ones.
+/// The sweep's decisions are plain code over measurements (knee, recommend, and the sweep
+/// itself in neml2/detail/tune_decisions.hpp), so they are tested on synthetic timings;
+/// tune() feeds them real ones (neml2/detail/tune_measure.hpp: how it measures).
 /// @see docs/tuning.md
 
 #include <cstdint>
@@ -41,6 +41,10 @@
 #include <neml2/policies/sync_chunking.hpp>
 
 namespace neml2 {
+
+namespace detail {
+class Sweep; // what TuneOptions::on_point sees (<neml2/detail/tune_decisions.hpp>)
+} // namespace detail
 
 // ---------------------------------------------------------------------------- the sweep
 
@@ -95,56 +99,6 @@ enum class SweepStop { finished, budget, out_of_memory_wall, cap };
 
 /// The stop's name, as the tune file writes it: "finished", "budget", ...
 [[nodiscard]] std::string to_string(SweepStop stop);
-
-/// @brief The sweep's decisions, without a clock: ask next() for a size, measure it, give
-/// the Timing to record(); repeat until next() is empty.
-///
-/// Sizes double from min_rows until `patience` sizes in a row were not better, a size did
-/// not fit (the out-of-memory wall: nothing at or above it is tried again), or max_rows;
-/// then refinement measures the geometric midpoints between the best size and its
-/// neighbours. Nothing is measured once the budget is spent.
-class Sweep {
-public:
-  /// A sweep that follows `options` (a FatalError names a field out of range).
-  explicit Sweep(SweepOptions options = {});
-
-  /// The size to measure next (the same one until it is recorded); empty once the sweep
-  /// is over.
-  [[nodiscard]] std::optional<std::int64_t> next();
-  /// Records the measurement of `rows`: its point (replacing one of that size), its
-  /// seconds against the budget, and what it means for doubling.
-  void record(std::int64_t rows, const Timing& timing);
-
-  /// The points measured so far, by size.
-  [[nodiscard]] const std::vector<TunePoint>& points() const noexcept { return _points; }
-  /// Why the sweep ended (final once next() is empty).
-  [[nodiscard]] SweepStop stop() const noexcept { return _stop; }
-  /// Seconds the measurements took so far.
-  [[nodiscard]] double spent() const noexcept { return _spent; }
-  /// The options the sweep follows.
-  [[nodiscard]] const SweepOptions& options() const noexcept { return _options; }
-
-private:
-  [[nodiscard]] std::optional<std::int64_t> next_refinement();
-  [[nodiscard]] const TunePoint* best() const;
-  [[nodiscard]] bool known(std::int64_t rows) const;
-
-  SweepOptions _options;
-  std::vector<TunePoint> _points;
-  std::optional<std::int64_t> _pending;
-  std::int64_t _next_growth;
-  std::optional<std::int64_t> _wall; // the smallest size that did not fit
-  int _not_better = 0;
-  double _best_growth = 0;
-  bool _growing = true;
-  int _round = 0;
-  std::vector<std::int64_t> _queue; // midpoints of the current refinement round
-  double _spent = 0;
-  SweepStop _stop = SweepStop::finished;
-};
-
-/// The point of a Timing (rows per second from each repeat's seconds).
-[[nodiscard]] TunePoint summarize(std::int64_t rows, const Timing& timing);
 
 // ---------------------------------------------------------------------------- the table
 
@@ -312,44 +266,16 @@ struct TuneOptions {
   /// Time a pool's lane against the calling thread at the knee (DeviceCurve::chunk_overhead).
   bool lane_test = true;
   /// Called after each point (device index, point, the device's sweep).
-  std::function<void(std::size_t, const TunePoint&, const Sweep&)> on_point = {};
+  std::function<void(std::size_t, const TunePoint&, const detail::Sweep&)> on_point = {};
   /// Called after each device's lane test (device index, the calls through the calling
   /// thread, the same calls through the pool, chunks per call): what chunk_overhead was
   /// made from.
   std::function<void(std::size_t, const Timing&, const Timing&, std::int64_t)> on_lane_test = {};
 };
 
-/// Times `call`: `warmup` calls, then `repeats` timed ones, each waiting for the device's
-/// queued work. A failure that says the device ran out of memory gives
-/// Timing::out_of_memory; others propagate.
-[[nodiscard]] Timing measure_calls(const std::function<void()>& call, const Device& device,
-                                   int warmup, int repeats);
-
-/// Calls `operation` (forward, jacobian or param_jacobian) of a model on `inputs`, the
-/// results dropped: what tune() and `neml2-dispatch run` time.
-template <class Model>
-void call_operation(const Model& model, const std::string& operation,
-                    const std::map<std::string, at::Tensor>& inputs) {
-  if (operation == "forward")
-    (void)model.forward(inputs);
-  else if (operation == "jacobian")
-    (void)model.jacobian(inputs);
-  else if (operation == "param_jacobian")
-    (void)model.param_jacobian(inputs);
-  else
-    throw FatalError("operation '" + operation +
-                     "' is not one tune() measures; use forward, jacobian or param_jacobian");
-}
-
 /// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch), then
 /// runs the overlap and lane tests the options ask for.
 [[nodiscard]] TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                               const TuneOptions& options = {}, const std::string& model = {});
-
-/// The inputs tune() would measure `rows` rows with, on `device`.
-[[nodiscard]] std::map<std::string, at::Tensor> tune_inputs(const Artifact& artifact,
-                                                            const TuneInputs& inputs,
-                                                            std::int64_t rows, const Device& device,
-                                                            c10::ScalarType dtype);
 
 } // namespace neml2

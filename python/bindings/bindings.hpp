@@ -14,7 +14,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
-#include <neml2/dispatch_fwd.hpp>
+#include <neml2/any_dispatched_model.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/simulate.hpp>
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include <neml2/detail/testing.hpp>
 #include <neml2/dispatched_model.hpp>
 
 #include "engine/model_core.hpp"

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <vector>
 
+#include <neml2/detail/request.hpp>
+
 #include "engine/gatherer.hpp"
 #include "engine/model_core.hpp"
 #include "graph/call.hpp"

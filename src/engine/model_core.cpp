@@ -50,16 +50,6 @@ void ModelCore::set_interrupt_check(InterruptCheck check) {
   _state->interrupt_check = std::move(check);
 }
 
-std::vector<at::Tensor> ModelCore::positional(const TensorMap& inputs) const {
-  return CallProtocol::positional(session(), inputs);
-}
-
-Destinations ModelCore::destinations(Operation op, const TensorMap& values,
-                                     const TensorMap& tangents,
-                                     const VariablePairJacobian& blocks) const {
-  return CallProtocol::destinations(session(), op, values, tangents, blocks);
-}
-
 std::int64_t ModelCore::batch_as_given(std::size_t d, const std::vector<at::Tensor>& inputs) const {
   const auto& s = *_state;
   if (s.observer || s.before_chunk || !session().named_parameters().empty())
@@ -71,30 +61,6 @@ std::int64_t ModelCore::batch_as_given(std::size_t d, const std::vector<at::Tens
 std::vector<at::Tensor> ModelCore::forward_as_given(std::size_t d,
                                                     const std::vector<at::Tensor>& inputs) const {
   return CallProtocol::forward_as_given(_state->sessions[d], inputs);
-}
-
-TensorMap ModelCore::forward_result(std::vector<at::Tensor>&& results) const {
-  return CallProtocol::forward_result(session(), std::move(results));
-}
-std::pair<TensorMap, TensorMap> ModelCore::jvp_result(std::vector<at::Tensor>&& results) const {
-  return CallProtocol::jvp_result(session(), std::move(results));
-}
-std::pair<TensorMap, VariablePairJacobian>
-ModelCore::jacobian_result(std::vector<at::Tensor>&& results) const {
-  return CallProtocol::jacobian_result(session(), std::move(results));
-}
-std::pair<TensorMap, VariablePairJacobian>
-ModelCore::param_jacobian_result(std::vector<at::Tensor>&& results) const {
-  return CallProtocol::param_jacobian_result(session(), std::move(results));
-}
-TensorMap ModelCore::param_vjp_result(std::vector<at::Tensor>&& results) const {
-  return CallProtocol::param_vjp_result(session(), std::move(results));
-}
-
-void ModelCore::rethrow_with_outputs(const ConvergenceError& e) const {
-  if (!e.per_row() || !e.outputs().empty() || e.results().empty())
-    throw;
-  CallProtocol::rethrow_with_outputs(session(), e, e.results());
 }
 
 } // namespace neml2::detail

@@ -1,9 +1,11 @@
 // One call of a synchronous policy, on the calling thread (see
-// include/neml2/detail/model_core.hpp; the loop itself is run_synchronous, a template).
+// include/neml2/detail/sync_call.hpp; the loop itself is run_synchronous, a template).
 
 #include <optional>
 
 #include <ATen/ATen.h>
+
+#include <neml2/detail/sync_call.hpp>
 
 #include "core/stopwatch.hpp"
 #include "engine/chunk_runner.hpp"

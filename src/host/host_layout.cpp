@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <neml2/dispatch_fwd.hpp>
+#include <neml2/any_dispatched_model.hpp>
 #include <neml2/material_state.hpp>
 
 #include "core/row_shape.hpp"

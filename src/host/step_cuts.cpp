@@ -9,7 +9,7 @@
 
 #include <ATen/ATen.h>
 
-#include "session/call_protocol.hpp"
+#include <neml2/detail/call_names.hpp>
 
 namespace neml2::detail {
 
@@ -26,7 +26,7 @@ PointsEvaluation evaluate_points(const AnyDispatchedModel& model, const TensorMa
     if (!derivatives)
       return {e.outputs(), {}, e.converged_mask()};
     auto results = e.results();
-    auto [outputs, J] = CallProtocol::jacobian_result(model.sessions().front(), std::move(results));
+    auto [outputs, J] = CallNames(model.sessions().front()).jacobian(std::move(results));
     return {std::move(outputs), std::move(J), e.converged_mask()};
   }
 }

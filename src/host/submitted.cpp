@@ -1,13 +1,13 @@
-// The worker thread behind submitted calls, started by the first submission, and
-// MaterialState::submit. In an object of its own: a program that never submits links none
-// of it (nor the worker pool).
+// The worker thread behind submitted calls (a worker pool of one CPU lane, core/), started
+// by the first submission, and MaterialState::submit. In an object of its own: a program
+// that never submits links none of it (nor the worker pool).
 
 #include <ATen/Parallel.h>
 
 #include <neml2/material_state.hpp>
 #include <neml2/submitted.hpp>
 
-#include "engine/async/worker_pool.hpp"
+#include "core/worker_pool.hpp"
 
 namespace neml2 {
 

@@ -9,6 +9,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <neml2/detail/call_names.hpp>
+
 #include "core/shape_text.hpp"
 #include "session/call_protocol.hpp"
 #include "session/session_impl.hpp"
@@ -257,9 +259,8 @@ detail::BoundCall detail::CallProtocol::bind(const Session& s, Operation op,
   return call;
 }
 
-std::vector<at::Tensor> detail::CallProtocol::positional(const Session& s,
-                                                         const TensorMap& inputs) {
-  return s._impl->positional_inputs(inputs);
+std::vector<at::Tensor> detail::CallNames::positional(const TensorMap& inputs) const {
+  return _session->_impl->positional_inputs(inputs);
 }
 
 std::int64_t detail::CallProtocol::batch_as_given(const Session& s,

@@ -1,7 +1,8 @@
 #pragma once
 
-// The call protocol between a Session and the engine: a call bound once,
-// then run chunk by chunk, and its positional results turned into the public maps.
+// The call protocol between a Session and the engine: a call bound once, then run chunk
+// by chunk. Its names (inputs in position, results as the public maps) are
+// <neml2/detail/call_names.hpp>'s.
 
 #include <optional>
 #include <span>
@@ -28,10 +29,6 @@ struct CallProtocol {
                                       std::vector<at::Tensor> inputs, const TensorMap& extras,
                                       const TensorMap& params,
                                       std::optional<c10::Device> required_device);
-  /// The inputs of a call by name, in input_names() order; a FatalError for a missing or
-  /// unknown name.
-  [[nodiscard]] static std::vector<at::Tensor> positional(const Session& s,
-                                                          const TensorMap& inputs);
   /// The batch of a forward() call the value graph may take as it is (see
   /// forward_as_given), or 0 for any other call: a model with a solve or parameters, off the
   /// CPU, an input that is not dense `(B, *base)` in the model's dtype on the CPU, batches
@@ -47,27 +44,6 @@ struct CallProtocol {
   /// explicit model on the CPU may be computed in directly (see Landing).
   [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op, ChunkArgs& chunk,
                                                    std::span<const Place> places = {});
-  /// The positional results of each operation as the public maps.
-  [[nodiscard]] static TensorMap forward_result(const Session& s,
-                                                std::vector<at::Tensor>&& results);
-  /// Throws `error` (a per-row failure) again with `results`, its outputs by name among them.
-  [[noreturn]] static void rethrow_with_outputs(const Session& s, const ConvergenceError& error,
-                                                std::vector<at::Tensor> results);
-  [[nodiscard]] static std::pair<TensorMap, TensorMap>
-  jvp_result(const Session& s, std::vector<at::Tensor>&& results);
-  [[nodiscard]] static std::pair<TensorMap, VariablePairJacobian>
-  jacobian_result(const Session& s, std::vector<at::Tensor>&& results);
-  [[nodiscard]] static std::pair<TensorMap, VariablePairJacobian>
-  param_jacobian_result(const Session& s, std::vector<at::Tensor>&& results);
-  [[nodiscard]] static TensorMap param_vjp_result(const Session& s,
-                                                  std::vector<at::Tensor>&& results);
-  /// The inverse: the caller's tensors for `op`'s results in slot order. `values` are the
-  /// outputs (the gradients for param_vjp), `tangents` the output tangents (jvp), `blocks`
-  /// the Jacobian (jacobian) or parameter Jacobian (param_jacobian) blocks. Every result
-  /// must be given, and nothing else: a FatalError names what is missing or unknown.
-  [[nodiscard]] static Destinations destinations(const Session& s, Operation op,
-                                                 const TensorMap& values, const TensorMap& tangents,
-                                                 const VariablePairJacobian& blocks);
 };
 
 } // namespace neml2::detail

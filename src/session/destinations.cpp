@@ -6,7 +6,8 @@
 #include <ATen/Tensor.h>
 #include <fmt/format.h>
 
-#include "session/call_protocol.hpp"
+#include <neml2/detail/call_names.hpp>
+
 #include "session/session_impl.hpp"
 
 namespace neml2 {
@@ -30,11 +31,10 @@ void take_named(const TensorMap& given, const std::vector<std::string>& names, c
 }
 } // namespace
 
-detail::Destinations detail::CallProtocol::destinations(const Session& s, Operation op,
-                                                        const TensorMap& values,
-                                                        const TensorMap& tangents,
-                                                        const VariablePairJacobian& blocks) {
-  const auto& m = *s._impl;
+detail::Destinations detail::CallNames::destinations(Operation op, const TensorMap& values,
+                                                     const TensorMap& tangents,
+                                                     const VariablePairJacobian& blocks) const {
+  const auto& m = *_session->_impl;
   m.require_operation(op);
   detail::Destinations into;
   if (op == Operation::param_vjp) {
@@ -50,7 +50,7 @@ detail::Destinations detail::CallProtocol::destinations(const Session& s, Operat
   // Blocks keyed [output][input or parameter], in the graph's pair order.
   std::vector<std::pair<std::string, std::string>> pairs;
   if (op == Operation::jacobian)
-    pairs = s.jacobian_pairs();
+    pairs = _session->jacobian_pairs();
   if (op == Operation::param_jacobian && m.chain)
     for (const auto& [o, p] : m.chain->param_jacobian_blocks())
       pairs.emplace_back(m.output_names[o], m.artifact->parameters[p].public_name);

@@ -3,52 +3,52 @@
 
 #include <ATen/Tensor.h>
 
-#include "session/call_protocol.hpp"
+#include <neml2/detail/call_names.hpp>
+
 #include "session/session_impl.hpp"
 
 namespace neml2 {
 
-TensorMap detail::CallProtocol::forward_result(const Session& s,
-                                               std::vector<at::Tensor>&& results) {
+TensorMap detail::CallNames::forward(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_session->_impl;
   TensorMap out;
-  for (std::size_t o = 0; o < s._impl->output_names.size(); ++o)
-    out.emplace(s._impl->output_names[o], std::move(results[o]));
+  for (std::size_t o = 0; o < m.output_names.size(); ++o)
+    out.emplace(m.output_names[o], std::move(results[o]));
   return out;
 }
 
-void detail::CallProtocol::rethrow_with_outputs(const Session& s, const ConvergenceError& error,
-                                                std::vector<at::Tensor> results) {
-  auto outputs = forward_result(
-      s, std::vector<at::Tensor>(results.begin(),
-                                 results.begin() +
-                                     static_cast<std::ptrdiff_t>(s._impl->output_names.size())));
+void detail::CallNames::rethrow_with_outputs(const ConvergenceError& error,
+                                             std::vector<at::Tensor> results) const {
+  auto outputs = forward(std::vector<at::Tensor>(
+      results.begin(),
+      results.begin() + static_cast<std::ptrdiff_t>(_session->_impl->output_names.size())));
   throw ConvergenceError(error.what(), error.converged_mask(), error.worst_residual(),
                          std::move(results), std::move(outputs));
 }
 
-std::pair<TensorMap, TensorMap>
-detail::CallProtocol::jvp_result(const Session& s, std::vector<at::Tensor>&& results) {
-  const auto n_out = s._impl->output_names.size();
+std::pair<TensorMap, TensorMap> detail::CallNames::jvp(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_session->_impl;
+  const auto n_out = m.output_names.size();
   TensorMap tangents;
   for (std::size_t o = 0; o < n_out; ++o)
-    tangents.emplace(s._impl->output_names[o], std::move(results[n_out + o]));
-  return {forward_result(s, std::move(results)), std::move(tangents)};
+    tangents.emplace(m.output_names[o], std::move(results[n_out + o]));
+  return {forward(std::move(results)), std::move(tangents)};
 }
 
 std::pair<TensorMap, VariablePairJacobian>
-detail::CallProtocol::jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
-  const auto& m = *s._impl;
+detail::CallNames::jacobian(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_session->_impl;
   const auto n_out = m.output_names.size();
   VariablePairJacobian J;
   for (std::size_t k = 0; k < m.jacobian_blocks.size(); ++k)
     J[m.output_names[m.jacobian_blocks[k].out]][m.input_names[m.jacobian_blocks[k].in]] =
         std::move(results[n_out + k]);
-  return {forward_result(s, std::move(results)), std::move(J)};
+  return {forward(std::move(results)), std::move(J)};
 }
 
 std::pair<TensorMap, VariablePairJacobian>
-detail::CallProtocol::param_jacobian_result(const Session& s, std::vector<at::Tensor>&& results) {
-  const auto& m = *s._impl;
+detail::CallNames::param_jacobian(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_session->_impl;
   const auto n_out = m.output_names.size();
   std::map<std::string, std::string> public_param;
   for (const auto& p : m.artifact->parameters)
@@ -59,21 +59,20 @@ detail::CallProtocol::param_jacobian_result(const Session& s, std::vector<at::Te
     for (std::size_t k = 0; k < blocks.size(); ++k)
       P[m.output_names[blocks[k].first]][m.artifact->parameters[blocks[k].second].public_name] =
           std::move(results[n_out + k]);
-    return {forward_result(s, std::move(results)), std::move(P)};
+    return {forward(std::move(results)), std::move(P)};
   }
   const auto& pairs = m.segment->param_jacobian_pairs;
   for (std::size_t k = 0; k < pairs.size(); ++k)
     P[m.output_names[m.output_index.at(pairs[k].out)]][public_param.at(pairs[k].param)] =
         std::move(results[n_out + k]);
-  return {forward_result(s, std::move(results)), std::move(P)};
+  return {forward(std::move(results)), std::move(P)};
 }
 
-TensorMap detail::CallProtocol::param_vjp_result(const Session& s,
-                                                 std::vector<at::Tensor>&& results) {
+TensorMap detail::CallNames::param_vjp(std::vector<at::Tensor>&& results) const {
+  const auto& m = *_session->_impl;
   TensorMap grads;
-  for (std::size_t k = 0; k < s._impl->vjp_params.size(); ++k)
-    grads.emplace(s._impl->artifact->parameters[s._impl->vjp_params[k]].public_name,
-                  std::move(results[k]));
+  for (std::size_t k = 0; k < m.vjp_params.size(); ++k)
+    grads.emplace(m.artifact->parameters[m.vjp_params[k]].public_name, std::move(results[k]));
   return grads;
 }
 

@@ -7,6 +7,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <neml2/detail/call_names.hpp>
+
 #include "core/device_sync.hpp"
 #include "core/shape_text.hpp"
 #include "session/call_protocol.hpp"
@@ -36,7 +38,7 @@ std::vector<at::Tensor> Session::run_whole(Operation op, const TensorMap& inputs
     } catch (const ConvergenceError& e) {
       if (!e.per_row())
         throw;
-      Access::rethrow_with_outputs(*this, e, detail::finish_whole(call, e.results()));
+      detail::CallNames(*this).rethrow_with_outputs(e, detail::finish_whole(call, e.results()));
     }
   });
 }
@@ -55,26 +57,24 @@ void Session::set_solver_config(const SolverConfig& config) {
 }
 
 TensorMap Session::forward(const TensorMap& inputs) const {
-  return detail::CallProtocol::forward_result(*this, run_whole(Operation::forward, inputs, {}));
+  return detail::CallNames(*this).forward(run_whole(Operation::forward, inputs, {}));
 }
 
 std::pair<TensorMap, TensorMap> Session::jvp(const TensorMap& inputs,
                                              const TensorMap& tangents) const {
-  return detail::CallProtocol::jvp_result(*this, run_whole(Operation::jvp, inputs, tangents));
+  return detail::CallNames(*this).jvp(run_whole(Operation::jvp, inputs, tangents));
 }
 
 std::pair<TensorMap, VariablePairJacobian> Session::jacobian(const TensorMap& inputs) const {
-  return detail::CallProtocol::jacobian_result(*this, run_whole(Operation::jacobian, inputs, {}));
+  return detail::CallNames(*this).jacobian(run_whole(Operation::jacobian, inputs, {}));
 }
 
 std::pair<TensorMap, VariablePairJacobian> Session::param_jacobian(const TensorMap& inputs) const {
-  return detail::CallProtocol::param_jacobian_result(
-      *this, run_whole(Operation::param_jacobian, inputs, {}));
+  return detail::CallNames(*this).param_jacobian(run_whole(Operation::param_jacobian, inputs, {}));
 }
 
 TensorMap Session::param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
-  return detail::CallProtocol::param_vjp_result(
-      *this, run_whole(Operation::param_vjp, inputs, cotangents));
+  return detail::CallNames(*this).param_vjp(run_whole(Operation::param_vjp, inputs, cotangents));
 }
 
 TensorMap& Session::named_parameters() noexcept {

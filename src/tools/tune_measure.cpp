@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include <neml2/detail/tune_decisions.hpp>
+#include <neml2/detail/tune_measure.hpp>
 #include <neml2/dispatched_model.hpp>
 #include <neml2/tune.hpp>
 
@@ -25,9 +26,9 @@
 
 namespace neml2 {
 
-std::map<std::string, at::Tensor> tune_inputs(const Artifact& artifact, const TuneInputs& inputs,
-                                              std::int64_t rows, const Device& device,
-                                              c10::ScalarType dtype) {
+std::map<std::string, at::Tensor> detail::tune_inputs(const Artifact& artifact,
+                                                      const TuneInputs& inputs, std::int64_t rows,
+                                                      const Device& device, c10::ScalarType dtype) {
   std::vector<std::string> names;
   for (const auto& v : artifact.inputs)
     names.push_back(v.public_name);
@@ -126,8 +127,8 @@ std::int64_t rows_that_fit(const Artifact& artifact, const Device& device, c10::
 
 } // namespace
 
-Timing measure_calls(const std::function<void()>& call, const Device& device, int warmup,
-                     int repeats) {
+Timing detail::measure_calls(const std::function<void()>& call, const Device& device, int warmup,
+                             int repeats) {
   const auto start = detail::steady_clock::now();
   Timing timing;
   try {
@@ -170,8 +171,8 @@ template <class Model>
 Timing time_operation(const Model& model, const Device& device, const TuneOptions& options,
                       const std::map<std::string, at::Tensor>& inputs, std::int64_t rows) {
   try {
-    return measure_calls([&] { call_operation(model, options.operation, inputs); }, device,
-                         options.warmup, options.repeats);
+    return detail::measure_calls([&] { detail::call_operation(model, options.operation, inputs); },
+                                 device, options.warmup, options.repeats);
   } catch (const ConvergenceError& e) {
     throw FatalError(fmt::format("tuning {} rows on {}: the inputs did not converge ({}); give "
                                  "ranges that keep the model convergent (--range NAME=LOW:HIGH) "
@@ -189,7 +190,8 @@ double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningC
                      const TuneOptions& options, std::size_t d) {
   const auto knee = curve.knee().rows;
   const auto batch = std::max(options.batch_rows, knee);
-  const auto inputs = tune_inputs(*artifact, options.inputs, batch, curve.device, options.dtype);
+  const auto inputs =
+      detail::tune_inputs(*artifact, options.inputs, batch, curve.device, options.dtype);
   const DispatchedModel<GreedyPriorityCapacity> pool(
       artifact, GreedyPriorityCapacity{.devices = {curve.device}, .batch_sizes = {knee}},
       options.dtype);
@@ -241,7 +243,7 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                                  ">= 0",
                                  options.repeats, options.warmup, options.batch_rows,
                                  options.max_chunks));
-  (void)Sweep(options.sweep); // the sweep as given (each device's own raises min_rows)
+  (void)detail::Sweep(options.sweep); // the sweep as given (each device's own raises min_rows)
   const auto call_rows = [&](std::int64_t rows) { return std::max(options.batch_rows, rows); };
   TuneResult result{
       .model = model, .operation = options.operation, .machine = current_machine(options.dtype)};
@@ -269,14 +271,15 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
     const auto sweep = detail::run_sweep(
         [&](std::int64_t rows) {
           const auto batch = call_rows(rows);
-          const auto inputs = tune_inputs(artifact, options.inputs, batch, device, options.dtype);
+          const auto inputs =
+              detail::tune_inputs(artifact, options.inputs, batch, device, options.dtype);
           *chunks.rows = rows;
           auto timing = time_operation(chunked, device, options, inputs, rows);
           timing.rows_per_call = batch;
           return timing;
         },
         sweep_options,
-        [&](const TunePoint& p, const Sweep& s) {
+        [&](const TunePoint& p, const detail::Sweep& s) {
           if (options.on_point)
             options.on_point(d, p, s);
         });
@@ -285,7 +288,8 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
     // Accelerators overlap copies with compute: how many chunks in flight pay.
     if (device.is_accelerator() && options.overlap_test) {
       const auto knee = curve.knee().rows;
-      const auto inputs = tune_inputs(artifact, options.inputs, 8 * knee, device, options.dtype);
+      const auto inputs =
+          detail::tune_inputs(artifact, options.inputs, 8 * knee, device, options.dtype);
       std::vector<std::pair<int, double>> measured;
       for (const int chunks : {1, 2, 4}) {
         const DispatchedModel<GreedyPriorityCapacity> pool(
@@ -295,7 +299,7 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
             options.dtype);
         const auto timing = time_operation(pool, device, options, inputs, 8 * knee);
         if (!timing.out_of_memory)
-          measured.emplace_back(chunks, summarize(8 * knee, timing).median);
+          measured.emplace_back(chunks, detail::summarize(8 * knee, timing).median);
       }
       curve.overlap_chunks = detail::choose_overlap_chunks(measured, options.sweep.improvement);
     }

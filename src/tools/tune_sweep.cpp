@@ -25,7 +25,7 @@ std::string to_string(SweepStop stop) {
   return "finished";
 }
 
-TunePoint summarize(std::int64_t rows, const Timing& timing) {
+TunePoint detail::summarize(std::int64_t rows, const Timing& timing) {
   TunePoint p{.rows = rows, .out_of_memory = timing.out_of_memory};
   if (timing.out_of_memory)
     return p;
@@ -46,7 +46,7 @@ TunePoint summarize(std::int64_t rows, const Timing& timing) {
   return p;
 }
 
-Sweep::Sweep(SweepOptions options)
+detail::Sweep::Sweep(SweepOptions options)
     : _options(options)
     , _next_growth(options.min_rows) {
   const auto refuse = [](const char* field, const std::string& value, const char* rule) {
@@ -66,13 +66,13 @@ Sweep::Sweep(SweepOptions options)
     refuse("improvement", fmt::format("{}", options.improvement), "it must be >= 0");
 }
 
-bool Sweep::known(std::int64_t rows) const {
+bool detail::Sweep::known(std::int64_t rows) const {
   return std::any_of(_points.begin(), _points.end(),
                      [&](const TunePoint& p) { return p.rows == rows; }) ||
          (_wall && rows >= *_wall);
 }
 
-const TunePoint* Sweep::best() const {
+const TunePoint* detail::Sweep::best() const {
   const TunePoint* best = nullptr;
   for (const auto& p : _points)
     if (p.measured() && (!best || p.median > best->median))
@@ -80,7 +80,7 @@ const TunePoint* Sweep::best() const {
   return best;
 }
 
-std::optional<std::int64_t> Sweep::next() {
+std::optional<std::int64_t> detail::Sweep::next() {
   if (_pending)
     return _pending;
   if (_spent >= _options.budget_seconds) {
@@ -96,7 +96,7 @@ std::optional<std::int64_t> Sweep::next() {
   return _pending = next_refinement();
 }
 
-std::optional<std::int64_t> Sweep::next_refinement() {
+std::optional<std::int64_t> detail::Sweep::next_refinement() {
   while (true) {
     while (!_queue.empty()) {
       const auto rows = _queue.front();
@@ -133,7 +133,7 @@ std::optional<std::int64_t> Sweep::next_refinement() {
   }
 }
 
-void Sweep::record(std::int64_t rows, const Timing& timing) {
+void detail::Sweep::record(std::int64_t rows, const Timing& timing) {
   if (_pending == rows)
     _pending.reset();
   double elapsed = timing.elapsed;
@@ -174,9 +174,9 @@ void Sweep::record(std::int64_t rows, const Timing& timing) {
   _next_growth = _next_growth > _options.max_rows / 2 ? _options.max_rows : _next_growth * 2;
 }
 
-Sweep detail::run_sweep(const std::function<Timing(std::int64_t rows)>& measure,
-                        SweepOptions options,
-                        const std::function<void(const TunePoint&, const Sweep&)>& on_point) {
+detail::Sweep
+detail::run_sweep(const std::function<Timing(std::int64_t rows)>& measure, SweepOptions options,
+                  const std::function<void(const TunePoint&, const Sweep&)>& on_point) {
   Sweep sweep(options);
   while (const auto rows = sweep.next()) {
     sweep.record(*rows, measure(*rows));

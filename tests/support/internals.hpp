@@ -4,7 +4,7 @@
 // the Newton loop (and its row pass's systems and kernels) and GMRES over graphs written in
 // a test, one graph, the call protocol, the result memory, and the worker pool's threads.
 
-#include "engine/async/worker_pool.hpp"
+#include "core/worker_pool.hpp"
 #include "engine/placement.hpp"
 #include "graph/graph.hpp"
 #include "implicit/newton.hpp"

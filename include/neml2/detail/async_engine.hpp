@@ -15,6 +15,7 @@
 
 #include <neml2/detail/model_core.hpp>
 #include <neml2/detail/policy_protocol.hpp>
+#include <neml2/detail/request.hpp>
 
 namespace neml2::detail {
 

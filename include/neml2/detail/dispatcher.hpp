@@ -20,6 +20,8 @@
 #include <neml2/detail/async_engine.hpp>
 #include <neml2/detail/model_core.hpp>
 #include <neml2/detail/policy_protocol.hpp>
+#include <neml2/detail/request.hpp>
+#include <neml2/detail/sync_call.hpp>
 #include <neml2/policy.hpp>
 
 namespace neml2::detail {
@@ -116,50 +118,48 @@ private:
 template <class D>
 struct EvaluationCalls {
   // Foreign errors become the library's; a per-row failure of a call whose results start
-  // with the outputs carries them by name.
+  // with the outputs, and that carries them only in slot order, carries them by name.
   template <class F>
   static auto guarded(const D& d, Operation op, F&& f) {
     return translate_foreign_errors("neml2::DispatchedModel", [&] {
       try {
         return f();
       } catch (const ConvergenceError& e) {
-        if (op == Operation::param_vjp)
+        if (op == Operation::param_vjp || !e.per_row() || !e.outputs().empty() ||
+            e.results().empty())
           throw;
-        d.core.rethrow_with_outputs(e);
+        d.core.names().rethrow_with_outputs(e, e.results());
       }
     });
   }
 
-  template <class Convert>
-  static auto evaluate(const D& d, Operation op, const TensorMap& inputs, const TensorMap* extras,
-                       Convert&& convert) {
+  // A call by name: its inputs put in position, its results mapped by `to_maps`.
+  template <class Result>
+  static Result evaluate(const D& d, Operation op, const TensorMap& inputs, const TensorMap* extras,
+                         Result (CallNames::*to_maps)(std::vector<at::Tensor>&&) const) {
     return guarded(d, op, [&] {
-      Request request{op, d.core.positional(inputs), extras};
-      return convert(d.run(request));
+      const auto names = d.core.names();
+      Request request{op, names.positional(inputs), extras};
+      return (names.*to_maps)(d.run(request));
     });
   }
 
   static TensorMap forward(const D& d, const TensorMap& inputs) {
-    return evaluate(d, Operation::forward, inputs, nullptr,
-                    [&](auto&& r) { return d.core.forward_result(std::move(r)); });
+    return evaluate(d, Operation::forward, inputs, nullptr, &CallNames::forward);
   }
   static std::pair<TensorMap, TensorMap> jvp(const D& d, const TensorMap& inputs,
                                              const TensorMap& tangents) {
-    return evaluate(d, Operation::jvp, inputs, &tangents,
-                    [&](auto&& r) { return d.core.jvp_result(std::move(r)); });
+    return evaluate(d, Operation::jvp, inputs, &tangents, &CallNames::jvp);
   }
   static std::pair<TensorMap, VariablePairJacobian> jacobian(const D& d, const TensorMap& inputs) {
-    return evaluate(d, Operation::jacobian, inputs, nullptr,
-                    [&](auto&& r) { return d.core.jacobian_result(std::move(r)); });
+    return evaluate(d, Operation::jacobian, inputs, nullptr, &CallNames::jacobian);
   }
   static std::pair<TensorMap, VariablePairJacobian> param_jacobian(const D& d,
                                                                    const TensorMap& inputs) {
-    return evaluate(d, Operation::param_jacobian, inputs, nullptr,
-                    [&](auto&& r) { return d.core.param_jacobian_result(std::move(r)); });
+    return evaluate(d, Operation::param_jacobian, inputs, nullptr, &CallNames::param_jacobian);
   }
   static TensorMap param_vjp(const D& d, const TensorMap& inputs, const TensorMap& cotangents) {
-    return evaluate(d, Operation::param_vjp, inputs, &cotangents,
-                    [&](auto&& r) { return d.core.param_vjp_result(std::move(r)); });
+    return evaluate(d, Operation::param_vjp, inputs, &cotangents, &CallNames::param_vjp);
   }
 
   /// Any `_into` call: `values` are the outputs (the gradients of param_vjp), `tangents`
@@ -168,8 +168,9 @@ struct EvaluationCalls {
                    const TensorMap& values, const TensorMap& tangents,
                    const VariablePairJacobian& blocks) {
     guarded(d, op, [&] {
-      const auto destinations = d.core.destinations(op, values, tangents, blocks);
-      Request request{op, d.core.positional(inputs), extras, &destinations};
+      const auto names = d.core.names();
+      const auto destinations = names.destinations(op, values, tangents, blocks);
+      Request request{op, names.positional(inputs), extras, &destinations};
       (void)d.run(request);
       return 0;
     });

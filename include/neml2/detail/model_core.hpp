@@ -2,8 +2,9 @@
 
 /// @file detail/model_core.hpp
 /// @brief The compiled half of every DispatchedModel (src/engine/): its sessions and the
-/// tensor work of a call (binding, chunks, gathering, landing), behind a small interface
-/// the policy templates drive. fmt's pattern: templates over a type-erased core.
+/// steps of a call that do not depend on the policy, behind a small interface the policy
+/// templates drive. fmt's pattern: templates over a type-erased core. A synchronous call's
+/// tensor work (binding, chunks, gathering, landing) is detail/sync_call.hpp's.
 
 #include <cstddef>
 #include <cstdint>
@@ -14,20 +15,12 @@
 #include <ATen/core/Tensor.h>
 
 #include <neml2/artifact.hpp>
-#include <neml2/detail/destinations.hpp>
+#include <neml2/detail/call_names.hpp>
 #include <neml2/errors.hpp>
 #include <neml2/observer.hpp>
 #include <neml2/session.hpp>
 
 namespace neml2::detail {
-
-/// One call on its way into the engine.
-struct Request {
-  Operation op = Operation::forward;
-  std::vector<at::Tensor> inputs;     ///< in input_names() order
-  const TensorMap* extras = nullptr;  ///< the tangents (jvp) or cotangents (param_vjp)
-  const Destinations* into = nullptr; ///< the caller's tensors for the results (`_into`)
-};
 
 /// @brief One session per device a policy lists, the promoted parameters (the first
 /// session's), the observer, and the steps of a call that do not depend on the policy.
@@ -50,12 +43,9 @@ public:
   void set_observer(ChunkObserver observer);
   void set_interrupt_check(InterruptCheck check);
 
-  /// The inputs by name in input_names() order; a FatalError for a missing or unknown name.
-  [[nodiscard]] std::vector<at::Tensor> positional(const TensorMap& inputs) const;
-  /// The caller's tensors for `op`'s results (see AnyDispatchedModel::forward_into).
-  [[nodiscard]] Destinations destinations(Operation op, const TensorMap& values,
-                                          const TensorMap& tangents,
-                                          const VariablePairJacobian& blocks) const;
+  /// How a call's tensors are named (inputs in position, results as the public maps): the
+  /// first session's, the same on every device.
+  [[nodiscard]] CallNames names() const noexcept { return CallNames(session()); }
 
   /// The batch of a forward() the value graph on device `d` may take as given (a small
   /// dense CPU batch of a model without solve or parameters, nothing observed), or 0: then
@@ -66,53 +56,12 @@ public:
   [[nodiscard]] std::vector<at::Tensor>
   forward_as_given(std::size_t d, const std::vector<at::Tensor>& inputs) const;
 
-  /// @name Results in slot order as the public maps.
-  ///@{
-  [[nodiscard]] TensorMap forward_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, TensorMap> jvp_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
-  jacobian_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian>
-  param_jacobian_result(std::vector<at::Tensor>&& results) const;
-  [[nodiscard]] TensorMap param_vjp_result(std::vector<at::Tensor>&& results) const;
-  ///@}
-
-  /// Inside a handler of `error`: rethrows it with its outputs by name when it is a per-row
-  /// failure that carries results only, else as it is.
-  [[noreturn]] void rethrow_with_outputs(const ConvergenceError& error) const;
-
   struct State; // src/engine/model_core.hpp
   [[nodiscard]] const State& state() const noexcept { return *_state; }
   [[nodiscard]] State& state() noexcept { return *_state; }
 
 private:
   std::unique_ptr<State> _state;
-};
-
-/// @brief One call of a synchronous policy on the calling thread: bound at construction,
-/// then run whole or chunk by chunk as the policy's template loop says (src/engine/sync_call.cpp).
-class SyncCall {
-public:
-  SyncCall(const ModelCore& core, Request& request);
-  ~SyncCall();
-  SyncCall(const SyncCall&) = delete;
-  SyncCall& operator=(const SyncCall&) = delete;
-
-  /// The call's batch (1 when nothing carries a batch axis).
-  [[nodiscard]] std::int64_t batch() const noexcept { return _batch; }
-  /// Whether the call runs as one chunk on device `d` in place: no slicing, no copy.
-  [[nodiscard]] bool runs_whole(std::size_t d, std::int64_t rows) const noexcept;
-  /// The whole call on device `d` (in cache-sized pieces on the CPU when large).
-  [[nodiscard]] std::vector<at::Tensor> run_whole(std::size_t d);
-  /// Rows [first, first + rows) on device `d`, put in place.
-  void run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index);
-  /// The gathered results (a ConvergenceError over the batch when rows failed).
-  [[nodiscard]] std::vector<at::Tensor> finish();
-
-private:
-  struct State;
-  std::unique_ptr<State> _state;
-  std::int64_t _batch = 0;
 };
 
 } // namespace neml2::detail

@@ -1,17 +1,68 @@
 #pragma once
 
 // What tune() decides from measurements, as plain code that only the tuner and its tests
-// call (fed synthetic timings there): running a sweep, how many chunks in flight pay, and
-// what a pool's lane costs per chunk.
+// call (fed synthetic timings there): a sweep's sizes and when it stops, a measurement's
+// point, how many chunks in flight pay, and what a pool's lane costs per chunk.
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <utility>
 #include <vector>
 
 #include <neml2/tune.hpp>
 
 namespace neml2::detail {
+
+/// @brief The sweep's decisions, without a clock: ask next() for a size, measure it, give
+/// the Timing to record(); repeat until next() is empty.
+///
+/// Sizes double from min_rows until `patience` sizes in a row were not better, a size did
+/// not fit (the out-of-memory wall: nothing at or above it is tried again), or max_rows;
+/// then refinement measures the geometric midpoints between the best size and its
+/// neighbours. Nothing is measured once the budget is spent.
+class Sweep {
+public:
+  /// A sweep that follows `options` (a FatalError names a field out of range).
+  explicit Sweep(SweepOptions options = {});
+
+  /// The size to measure next (the same one until it is recorded); empty once the sweep
+  /// is over.
+  [[nodiscard]] std::optional<std::int64_t> next();
+  /// Records the measurement of `rows`: its point (replacing one of that size), its
+  /// seconds against the budget, and what it means for doubling.
+  void record(std::int64_t rows, const Timing& timing);
+
+  /// The points measured so far, by size.
+  [[nodiscard]] const std::vector<TunePoint>& points() const noexcept { return _points; }
+  /// Why the sweep ended (final once next() is empty).
+  [[nodiscard]] SweepStop stop() const noexcept { return _stop; }
+  /// Seconds the measurements took so far.
+  [[nodiscard]] double spent() const noexcept { return _spent; }
+  /// The options the sweep follows.
+  [[nodiscard]] const SweepOptions& options() const noexcept { return _options; }
+
+private:
+  [[nodiscard]] std::optional<std::int64_t> next_refinement();
+  [[nodiscard]] const TunePoint* best() const;
+  [[nodiscard]] bool known(std::int64_t rows) const;
+
+  SweepOptions _options;
+  std::vector<TunePoint> _points;
+  std::optional<std::int64_t> _pending;
+  std::int64_t _next_growth;
+  std::optional<std::int64_t> _wall; // the smallest size that did not fit
+  int _not_better = 0;
+  double _best_growth = 0;
+  bool _growing = true;
+  int _round = 0;
+  std::vector<std::int64_t> _queue; // midpoints of the current refinement round
+  double _spent = 0;
+  SweepStop _stop = SweepStop::finished;
+};
+
+/// The point of a Timing (rows per second from each repeat's seconds).
+[[nodiscard]] TunePoint summarize(std::int64_t rows, const Timing& timing);
 
 /// Runs a sweep with `measure`; `on_point` (optional) sees each point as it is measured.
 [[nodiscard]] Sweep

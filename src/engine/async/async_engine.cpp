@@ -17,8 +17,8 @@
 #include <neml2/detail/async_schedule.hpp>
 
 #include "core/stopwatch.hpp"
+#include "core/worker_pool.hpp"
 #include "engine/async/streams.hpp"
-#include "engine/async/worker_pool.hpp"
 #include "engine/chunk_runner.hpp"
 
 namespace neml2::detail {

@@ -1,6 +1,8 @@
 #pragma once
 
-// The threads behind asynchronous policies (src/engine/async/worker_pool.cpp).
+// Worker threads on FIFO lanes, one lane per device (src/core/worker_pool.cpp): the threads
+// behind asynchronous policies (engine/async/) and the one behind submitted calls (host/).
+// Linked only by programs that make a pool.
 
 #include <cstddef>
 #include <cstdint>

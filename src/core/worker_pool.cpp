@@ -1,6 +1,6 @@
-// The worker threads of asynchronous policies (see worker_pool.hpp).
+// Worker threads on FIFO lanes (see worker_pool.hpp).
 
-#include "engine/async/worker_pool.hpp"
+#include "core/worker_pool.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -14,6 +14,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <fmt/format.h>
 
 #include <neml2/errors.hpp>
 
@@ -89,9 +90,13 @@ WorkerPool::~WorkerPool() {
 
 void WorkerPool::submit(std::size_t lane, std::function<void()> task) {
   auto& q = *_impl->lanes.at(lane);
+  // fmt, not std::string's operator+: this object is linked only when it is called, so
+  // it must not be the first to define a string member that other objects need
+  // (tests/check_sync_only_links.sh: a unity build's synchronous program linked it so).
   if (q.workers == 0) // nobody would ever run it: the call would wait for ever
-    throw FatalError("internal: a chunk was queued for the " + q.device.str() +
-                     " lane, which the calling threads serve; report this as a bug");
+    throw FatalError(fmt::format("internal: a chunk was queued for the {} lane, which the "
+                                 "calling threads serve; report this as a bug",
+                                 q.device.str()));
   {
     std::lock_guard lock(q.mutex);
     q.tasks.push_back(std::move(task));
