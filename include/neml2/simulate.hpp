@@ -7,7 +7,8 @@
 ///
 /// The policy is asked exactly as DispatchedModel asks it, through the same protocol
 /// (detail/policy_protocol.hpp: the same checks, the same errors): compute_device() and
-/// chunk_rows() once per call; or next_chunk() with the rows in flight per device until it
+/// chunk_rows() once per call; or, through the same schedule as the asynchronous engine
+/// (detail/async_schedule.hpp), next_chunk() with the rows in flight per device until it
 /// waits, on_dispatched() per chunk, on_completed() with the chunk's seconds as each
 /// completes (in completion order; ties in dispatch order). A chunk
 /// waits for a free lane of its device (chunks_in_flight, on accelerators), copies its rows
