@@ -263,7 +263,8 @@ TEST_CASE("metadata.json: a substepping pair, a section or the aliases of the wr
   const auto root = s.copy_root("scalar_substepping", "model");
   const auto rewrite = metadata_rewriter(root);
   // neml2-compile writes null for a static given's pair: no pair.
-  for (const auto& given : std::get<ImplicitSegment>(read_artifact(root).segments[0]).givens)
+  const auto artifact = read_artifact(root);
+  for (const auto& given : std::get<ImplicitSegment>(artifact.segments[0]).givens)
     CHECK((given.role == "static") == given.pair.empty());
   const auto refused = [&] { return test::fatal_message([&] { return read_artifact(root); }); };
   rewrite("\"pair\": \"x\"", "\"pair\": 7");
