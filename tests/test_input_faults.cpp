@@ -136,6 +136,10 @@ TEST_CASE("input faults: SyncChunking in chunks of 5") {
   check_input_faults(load_model(elasticity_stub, "elasticity", SyncChunking{.batch_size = 5}));
 }
 
+TEST_CASE("input faults: SyncChunking in one chunk (a small batch straight to the graph)") {
+  check_input_faults(load_model(elasticity_stub, "elasticity", SyncChunking{}));
+}
+
 TEST_CASE("input faults: the asynchronous pool in chunks of 4") {
   check_input_faults(load_model(elasticity_stub, "elasticity",
                                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4}}));

@@ -274,8 +274,11 @@ std::int64_t detail::CallProtocol::batch_as_given(const Session& s,
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const auto& t = inputs[i];
     const auto& base = m.input_trailing_shapes[i];
+    // A lazy view (negated, conjugated, a zero tensor without memory) is not its raw
+    // memory: the bound path resolves it.
     if (!t.defined() || t.scalar_type() != m.dtype || !t.is_cpu() ||
-        t.dim() != static_cast<std::int64_t>(base.size()) + 1 || !t.is_contiguous())
+        t.dim() != static_cast<std::int64_t>(base.size()) + 1 || !t.is_contiguous() ||
+        t.is_neg() || t.is_conj() || t._is_zerotensor())
       return 0;
     const auto sizes = t.sizes();
     if (!std::equal(base.begin(), base.end(), sizes.begin() + 1) || sizes[0] < 1 ||
