@@ -209,8 +209,7 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
         pending.erase(next);
         now = std::max(now, done.end);
         schedule.complete(scheduled, done.chunk, done.seconds);
-        for (auto* c : schedule.calls_with_room(scheduled))
-          dispatch(*c);
+        schedule.for_each_call_with_room(scheduled, dispatch);
       }
       schedule.close(scheduled);
       call_ends.push_back(now);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include <neml2/detail/policy_protocol.hpp>
@@ -71,10 +72,17 @@ public:
   /// call's count, then the policy's on_completed (its error propagates after the booking).
   void complete(ScheduledCall& call, const ScheduledChunk& chunk, double seconds);
 
-  /// After a completion of `call`'s chunk: the calls to dispatch again, `call` first, then
-  /// those that waited for room, each once (the waiting list is emptied: a call the policy
-  /// makes wait again goes back on it).
-  [[nodiscard]] std::vector<ScheduledCall*> calls_with_room(ScheduledCall& call);
+  /// After a completion of `call`'s chunk: `redispatch(c)` for each call to dispatch again,
+  /// `call` first, then those that waited for room, each once (the waiting list is emptied
+  /// first: a call the policy makes wait again goes back on it).
+  template <class Redispatch>
+  void for_each_call_with_room(ScheduledCall& call, Redispatch&& redispatch) {
+    const auto waited = std::exchange(_waiting_for_room, {});
+    redispatch(call);
+    for (auto* other : waited)
+      if (other != &call)
+        redispatch(*other);
+  }
 
   /// Forgets `call` (off the waiting list), before its driver lets it go.
   void close(ScheduledCall& call);

@@ -289,12 +289,12 @@ struct AsyncEngine::Impl {
     if (error)
       progress.fail(chunk.index, error);
     // Notified under the lock: a finished call's Progress goes as soon as it is released.
-    for (auto* call : engine.schedule.calls_with_room(progress)) {
-      auto& other = static_cast<Progress&>(*call);
+    engine.schedule.for_each_call_with_room(progress, [&](ScheduledCall& call) {
+      auto& other = static_cast<Progress&>(call);
       dispatch_ready(other, false);
       if (other.done())
         other.finished.notify_one();
-    }
+    });
   }
 
   // One chunk's rows, taken onto device d (staged through pinned memory from the host to an

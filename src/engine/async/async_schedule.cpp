@@ -49,14 +49,6 @@ void AsyncSchedule::complete(ScheduledCall& call, const ScheduledChunk& chunk, d
   _policy.on_completed(chunk.device, chunk.rows, seconds);
 }
 
-std::vector<ScheduledCall*> AsyncSchedule::calls_with_room(ScheduledCall& call) {
-  std::vector<ScheduledCall*> calls{&call};
-  for (auto* other : std::exchange(_waiting_for_room, {}))
-    if (other != &call)
-      calls.push_back(other);
-  return calls;
-}
-
 void AsyncSchedule::close(ScheduledCall& call) {
   std::erase(_waiting_for_room, &call);
 }
