@@ -10,7 +10,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <utility>
 #include <vector>
 
@@ -86,11 +85,6 @@ public:
 
   /// Forgets `call` (off the waiting list), before its driver lets it go.
   void close(ScheduledCall& call);
-
-  /// The rows in flight per device.
-  [[nodiscard]] std::span<const std::int64_t> rows_in_flight() const noexcept {
-    return _rows_in_flight;
-  }
 
 private:
   // The policy's next chunk for `call` (checked), or nullopt: nothing to ask, or it waits.
