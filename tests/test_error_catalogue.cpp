@@ -275,6 +275,24 @@ TEST_CASE("every other implicit feature not run here is refused at load, by name
       "solve_param_package)");
 }
 
+TEST_CASE("block-structured groups that neml2-compile 3.1 does not write are refused at load") {
+  edited_loading_fails_with(
+      "grains", "model",
+      [](json& m) { m["segments"][0]["unknown_group_infos"][0]["sub_batch_shape"] = {2}; },
+      "segments[0].unknown_group_infos[0]: block group of sub-batch axes [2] holds 'hardening' "
+      "with sub-batch axes [4]");
+  edited_loading_fails_with(
+      "grains", "model",
+      [](json& m) {
+        auto& s = m["segments"][0];
+        s["jacobian_given_package"] = "model_seg0_jacobian.pt2";
+        s["solve_ift_package"] = "model_seg0_solve.pt2";
+        s["input_sensitivity"] = {{"kind", "direct"}};
+      },
+      "segments[0] has block-structured variable groups and a derivative graph "
+      "(model_seg0_jacobian.pt2)");
+}
+
 TEST_CASE("a composed model whose names do not hold together") {
   edited_loading_fails_with(
       "scalar_backward_euler_params", "model",

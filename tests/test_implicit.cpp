@@ -891,6 +891,32 @@ TEST_CASE("binned unknowns: chunks of 1 and 7, the whole batch, _into and both p
   test::check_close(greedy.forward(inputs), expected, "greedy", 1e-8);
 }
 
+TEST_CASE("block-structured groups: as eager NEML2 solves each point, whole or in chunks") {
+  // grains: 4 grains' hardening and slip (a block group, the two interleaved per grain in
+  // the graphs) beside a plain p, then a forward segment. Eager NEML2 solved each row alone.
+  const test::Reference ref("grains");
+  const auto stub = test::stub("grains", "model");
+  const auto whole = load_model(stub, "model", SyncChunking{.device = "cpu"});
+  for (int n = 0; n < 5; ++n) {
+    CAPTURE(n);
+    const auto inputs = ref.group(step(n) + "/in");
+    const auto expected = ref.group(step(n) + "/out");
+    const auto together = whole.forward(inputs);
+    test::check_close(together, expected, "whole batch", 1e-8);
+    for (const std::int64_t rows : {1, 7}) {
+      CAPTURE(rows);
+      const auto chunked =
+          load_model(stub, "model", SyncChunking{.device = "cpu", .batch_size = rows});
+      CHECK(test::identical(chunked.forward(inputs), together));
+      const auto greedy = load_model(
+          stub, "model", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {rows}});
+      CHECK(test::identical(greedy.forward(inputs), together));
+    }
+  }
+  // Derivatives: neml2-compile writes none for a sub-batched unknown.
+  CHECK(contains(test::fatal_message([&] { (void)whole.jacobian(ref.group("s0/in")); }), "-d"));
+}
+
 TEST_CASE("binned unknowns: a point's bins do not depend on the points beside it, on either path") {
   // Homologous temperatures 0.5 to 1.5 across the rows: the slowest and fastest
   // precipitation side by side, each as it is alone.

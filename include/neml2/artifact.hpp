@@ -105,10 +105,13 @@ struct ImplicitVariable {
 };
 
 /// One entry of `unknown_group_infos` / `given_group_infos` / `residual_group_infos`:
-/// the variables packed side by side into one graph argument `(B, sum of var_size)`.
+/// the variables packed side by side into one graph argument: `(B, sum of var_size)`, or for
+/// a block group (`structure: "block"`) `(B, *sub_batch_shape, sum of base sizes)`, the
+/// variables side by side within each sub-batch entry.
 struct VariableGroup {
   std::vector<std::string> names; ///< the variables, side by side
   Shape sub_batch_shape;          ///< the sub-batch axes the compiler gave the group
+  bool block = false;             ///< whether the graphs keep the sub-batch axes
 };
 
 /// One block du/dg of the solve_ift graph, at its flat offsets in -A^{-1}B.

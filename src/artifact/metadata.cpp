@@ -205,11 +205,11 @@ std::vector<VariableGroup> read_groups(const json& s, const char* key, const std
   std::vector<VariableGroup> groups;
   each_entry(s, key, field, r, [&](const json& entry, const std::string& f) {
     const auto structure = r.get<std::string>(entry, "structure", f);
-    if (structure != "dense")
+    if (structure != "dense" && structure != "block")
       unsupported(r, f, fmt::format("a '{}' variable group", structure),
-                  "only dense groups run here");
+                  "dense and block groups run here");
     groups.push_back({r.get<std::vector<std::string>>(entry, "var_names", f),
-                      r.shape_or(entry, "sub_batch_shape", f, {})});
+                      r.shape_or(entry, "sub_batch_shape", f, {}), structure == "block"});
   });
   return groups;
 }

@@ -29,6 +29,9 @@ struct NewtonGraphs {
   GraphFn jacobian; ///< same -> A blocks (residual group x unknown group), then b
   GraphFn solve;    ///< (A blocks, b) -> du per unknown group
   std::size_t a_blocks = 0;
+  /// Whether A's blocks are `(B, r, u)` per residual and unknown group, as the row pass
+  /// reads them (not so for block-structured groups: NEML2's per-entry blocks).
+  bool dense_blocks = true;
   GraphFn matvec; ///< (u groups, g groups, params, v per unknown group) -> A v per residual group
   GraphFn precond_setup; ///< (u groups, g groups, params) -> the preconditioner's state
   GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`

@@ -400,7 +400,7 @@ bool runs_on_rows(std::span<const at::Tensor> u, const SolverConfig& config) {
 
 bool runs_on_rows(const NewtonGraphs& graphs, std::span<const at::Tensor> u,
                   const SolverConfig& config) {
-  return !graphs.matvec && runs_on_rows(u, config);
+  return !graphs.matvec && graphs.dense_blocks && runs_on_rows(u, config);
 }
 
 NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,

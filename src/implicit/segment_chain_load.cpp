@@ -11,6 +11,7 @@
 #include <neml2/errors.hpp>
 
 #include "graph/graph.hpp"
+#include "implicit/block_groups.hpp"
 #include "implicit/chain_state.hpp"
 #include "implicit/segment_chain.hpp"
 
@@ -80,6 +81,27 @@ GraphFn dense_ift(const ImplicitSegment& seg, std::size_t a_blocks) {
     const auto b = assemble(a_blocks, operators.size() - a_blocks, givens);
     return ift_pairs(seg, -at::linalg_solve(a, b));
   };
+}
+
+bool blocks_in(const std::vector<GroupLayout>& layouts) {
+  return std::any_of(layouts.begin(), layouts.end(),
+                     [](const GroupLayout& l) { return l.block(); });
+}
+
+// What a block-structured segment cannot take: neml2-compile 3.1 writes no derivative graph
+// for a sub-batched unknown, and NEML2 runs no Krylov solve over block groups.
+void refuse_with_blocks(const ImplicitSegment& s, const std::string& where) {
+  const auto refuse = [&](const std::string& package, const char* what) {
+    if (!package.empty())
+      throw FatalError(fmt::format("{} has block-structured variable groups and a {} ({}); "
+                                   "neml2-dispatch runs block groups with the direct Newton "
+                                   "step and no derivatives, as neml2-compile 3.1 writes them: "
+                                   "recompile without it",
+                                   where, what, package));
+  };
+  refuse(s.matvec_package, "Krylov matvec graph");
+  refuse(s.jacobian_given_package, "derivative graph");
+  refuse(s.dr_dparam_package, "parameter-derivative graph");
 }
 
 } // namespace
@@ -168,19 +190,29 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     };
     const auto u = widths(s.unknown_groups, s.unknowns), g = widths(s.given_groups, s.givens),
                r = widths(s.residual_groups, s.residuals);
+    const auto where = fmt::format("{}/metadata.json: segments[{}]", artifact.root.string(),
+                                   &segment - artifact.segments.data());
+    auto lu = group_layouts(s.unknown_groups, s.unknowns, where + ".unknown_group_infos"),
+         lg = group_layouts(s.given_groups, s.givens, where + ".given_group_infos"),
+         lr = group_layouts(s.residual_groups, s.residuals, where + ".residual_group_infos");
+    const bool block = blocks_in(lu) || blocks_in(lg) || blocks_in(lr);
+    if (block)
+      refuse_with_blocks(s, where);
     using Arguments = std::vector<std::optional<Shape>>;
-    const auto packed = [](Arguments& args, const std::vector<std::int64_t>& w) {
-      for (auto x : w)
-        args.emplace_back(Shape{-1, x});
+    const auto packed = [](Arguments& args, const std::vector<std::int64_t>& w,
+                           const std::vector<GroupLayout>& layouts) {
+      for (std::size_t k = 0; k < w.size(); ++k)
+        args.emplace_back(layouts[k].graph_shape(w[k]));
     };
-    const auto blocks = [&](Arguments& args, const std::vector<std::int64_t>& columns) {
-      for (auto rows : r)
-        for (auto x : columns)
-          args.emplace_back(Shape{-1, rows, x});
+    const auto blocks = [&](Arguments& args, const std::vector<std::int64_t>& columns,
+                            const std::vector<GroupLayout>& layouts) {
+      for (std::size_t i = 0; i < r.size(); ++i)
+        for (std::size_t j = 0; j < columns.size(); ++j)
+          args.emplace_back(jacobian_block_shape(lr[i], r[i], layouts[j], columns[j]));
     };
     Arguments state, per_row_state, a_and_b, a_and_given, a_and_dparam;
-    packed(state, u);
-    packed(state, g);
+    packed(state, u, lu);
+    packed(state, g, lg);
     per_row_state = state;
     std::int64_t param_width = 0;
     for (auto p : step.params) {
@@ -191,21 +223,28 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
       per_row_state.emplace_back(per_row);
       param_width += numel(param.base_shape);
     }
-    blocks(a_and_b, u);
+    blocks(a_and_b, u, lu);
     a_and_given = a_and_dparam = a_and_b;
-    packed(a_and_b, r);
-    blocks(a_and_given, g);
+    packed(a_and_b, r, lr);
+    blocks(a_and_given, g, lg);
     for (auto rows : r)
       a_and_dparam.emplace_back(Shape{-1, rows, param_width});
     const auto a_blocks = r.size() * u.size();
-    step.newton.residual = load(s.residual_package, "residual_package", state, r.size());
-    step.newton.jacobian = load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size());
-    step.newton.solve = load(s.solve_package, "solve_package", a_and_b, u.size());
+    auto lug = lu;
+    lug.insert(lug.end(), lg.begin(), lg.end());
+    step.newton.residual = in_newton_layout(
+        load(s.residual_package, "residual_package", state, r.size()), 0, lug, 0, lr);
+    step.newton.jacobian =
+        in_newton_layout(load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size()),
+                         0, lug, a_blocks, lr);
+    step.newton.solve = in_newton_layout(load(s.solve_package, "solve_package", a_and_b, u.size()),
+                                         a_blocks, lr, 0, lu);
     step.newton.a_blocks = step.a_blocks = a_blocks;
+    step.newton.dense_blocks = !block;
     step.newton.schedule = std::make_shared<NewtonSchedule>();
     if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
       auto with_v = state;
-      packed(with_v, u);
+      packed(with_v, u, lu);
       step.newton.matvec = load(s.matvec_package, "matvec_package", with_v, r.size());
       step.newton.precond_setup =
           load(s.precond_setup_package, "precond_setup_package", state, unchecked_results);

@@ -1,0 +1,126 @@
+// Many unknowns per material point against NEML2's own C++ runtime (neml2::aoti, from the
+// neml2 wheel), same artifact, same process, one intra-op thread (single_thread_main.cpp):
+//
+// `<runtime>_grains/BATCH`: models/grains.i, 4 grains' hardening and slip in a block group
+//   beside a plain p (9 unknowns), one step from rest under forces 1.5 to 3.
+// `<runtime>_multigrain/BATCH`: NEML2's mixed-control polycrystal benchmark
+//   (benchmark/mxpc/model.i in NEML2's repository, not shipped here; nbatch = 8 grains,
+//   `structure = 'block dense'`, 92 unknowns a point), compiled with
+//   `neml2-compile model.i --model model`; its stub in NEML2_DISPATCH_BENCH_MULTIGRAIN.
+//   One step (dt = 0.5) from an unstrained state with random orientations, the first
+//   deformation-rate component prescribed at 1e-3 and the rest stress-free, as the
+//   benchmark's driver does. Skipped when the variable is not set.
+//
+// runtime: `peer` (NEML2's runtime, SimpleScheduler) or `ours` (SyncChunking, defaults).
+// Items are material points; for ours, `<graph>_rows` counts the rows each graph took in one
+// call (Newton iterations and line-search trials of every row).
+
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+
+#include <ATen/ATen.h>
+#include <benchmark/benchmark.h>
+
+#include <neml2/csrc/dispatchers/SimpleScheduler.h>
+#include <neml2/csrc/dispatchers/factory.h>
+#include <neml2/dispatch.hpp>
+
+#include "graph/graph_calls.hpp" // the library's private hook: graph calls counted
+
+namespace {
+
+using Inputs = std::map<std::string, at::Tensor>;
+
+const auto grains_stub =
+    std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) / "grains" / "model_aoti.i";
+
+Inputs grains_inputs(std::int64_t batch) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  return {{"f", at::linspace(1.5, 3.0, batch, opts)},
+          {"t", at::ones({batch}, opts)},
+          {"t~1", at::zeros({batch}, opts)},
+          {"p", at::zeros({batch}, opts)},
+          {"p~1", at::zeros({batch}, opts)},
+          {"hardening", at::zeros({batch, 4}, opts)},
+          {"hardening~1", at::zeros({batch, 4}, opts)},
+          {"slip", at::zeros({batch, 4}, opts)},
+          {"slip~1", at::zeros({batch, 4}, opts)}};
+}
+
+// Every input of the artifact zero, then the step's forces and the grains' orientations.
+Inputs multigrain_inputs(const std::filesystem::path& stub, std::int64_t batch) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto artifact = neml2::read_artifact(neml2::resolve_artifact_root(stub, "model"));
+  Inputs x;
+  for (const auto& input : artifact.inputs) {
+    std::vector<std::int64_t> shape{batch};
+    shape.insert(shape.end(), input.sub_batch_shape.begin(), input.sub_batch_shape.end());
+    shape.insert(shape.end(), input.base_shape.begin(), input.base_shape.end());
+    x[input.name] = at::zeros(shape, opts);
+  }
+  const auto first = at::tensor({1.0, 0.0, 0.0, 0.0, 0.0, 0.0}, opts).expand({batch, 6});
+  x.at("control") = first.clone();
+  x.at("prescribed") = 1e-3 * first;
+  x.at("t") = at::full({batch}, 0.5, opts);
+  const auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
+  auto& orientation = x.at("orientation~1");
+  orientation = 0.3 * at::randn(orientation.sizes(), gen, opts);
+  return x;
+}
+
+template <class Model>
+void measure(benchmark::State& state, Model& model, const Inputs& x) {
+  for (int i = 0; i < 3; ++i) // the first calls of a graph initialize the runtime
+    benchmark::DoNotOptimize(model.forward(x));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(model.forward(x));
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
+void run(benchmark::State& state, bool peer, const std::filesystem::path& stub, const Inputs& x) {
+  if (peer) {
+    auto model = neml2::aoti::load_model(stub, "model",
+                                         std::make_shared<neml2::aoti::SimpleScheduler>(
+                                             neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+    measure(state, model, x);
+  } else {
+    auto model = neml2::load_model(stub, "model", neml2::SyncChunking{.device = "cpu"});
+    // Rows each graph takes in one call, summed (a row's Newton iterations, line search).
+    std::map<std::string, double> rows;
+    neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
+      for (const char* graph : {"_jacobian.pt2", "_residual.pt2", "_solve.pt2"})
+        rows[graph] += file.ends_with(graph) ? static_cast<double>(n) : 0.0;
+    });
+    benchmark::DoNotOptimize(model.forward(x));
+    neml2::detail::observe_graph_calls({});
+    measure(state, model, x);
+    for (const auto& [graph, n] : rows)
+      state.counters[std::string(graph).substr(1, std::string(graph).find('.') - 1) + "_rows"] = n;
+  }
+}
+
+void grains(benchmark::State& state, bool peer) {
+  run(state, peer, grains_stub, grains_inputs(state.range(0)));
+}
+
+void multigrain(benchmark::State& state, bool peer) {
+  const char* stub = std::getenv("NEML2_DISPATCH_BENCH_MULTIGRAIN");
+  if (!stub) {
+    state.SkipWithError("NEML2_DISPATCH_BENCH_MULTIGRAIN (the compiled stub) is not set");
+    return;
+  }
+  run(state, peer, stub, multigrain_inputs(stub, state.range(0)));
+}
+
+void batches(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {1, 64, 1024})
+    b->Arg(batch);
+}
+
+} // namespace
+
+BENCHMARK_CAPTURE(grains, peer, true)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(grains, ours, false)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(multigrain, peer, true)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(multigrain, ours, false)->Apply(batches)->UseRealTime();

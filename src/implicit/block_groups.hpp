@@ -1,0 +1,60 @@
+#pragma once
+
+// Block-structured variable groups (`structure = 'block ...'` on NEML2's equation system):
+// Newton holds every group as `(B, width)`, its variables one after another, each over its
+// sub-batch axes then its base shape; the graphs take a block group as
+// `(B, *sub_batch, per_entry)`, its variables side by side within each sub-batch entry
+// (NEML2's per-grain blocks). The graphs are wrapped to convert at each call. Private.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include <neml2/artifact.hpp>
+
+#include "implicit/newton.hpp"
+
+namespace neml2::detail {
+
+/// How one group is laid out in the graphs' arguments.
+struct GroupLayout {
+  Shape sub_batch;                  ///< a block group's sub-batch axes
+  std::vector<std::int64_t> widths; ///< a block group's variables' widths per entry; empty: dense
+
+  [[nodiscard]] bool block() const noexcept { return !widths.empty(); }
+  /// The group's shape in the graphs, -1 for the batch axis.
+  [[nodiscard]] Shape graph_shape(std::int64_t width) const;
+  /// Values per sub-batch entry (a dense group: `width`, all of them).
+  [[nodiscard]] std::int64_t entry_width(std::int64_t width) const;
+};
+
+/// Each group's layout. A block group's variables must all have the group's sub-batch
+/// axes (as neml2-compile writes them); anything else is refused naming `field`.
+[[nodiscard]] std::vector<GroupLayout> group_layouts(const std::vector<VariableGroup>& groups,
+                                                     const std::vector<ImplicitVariable>& vars,
+                                                     const std::string& field);
+
+/// The shape of A's block (residual group `row`, unknown group `column`) in the graphs, -1
+/// for the batch axis: `(B, r, u)` between dense groups; a block group's axes come first,
+/// and it gives its width per entry (per-entry blocks: `(B, *sub, r_entry, u_entry)` between
+/// two block groups, block diagonal); nullopt for two block groups of different axes.
+[[nodiscard]] std::optional<Shape> jacobian_block_shape(const GroupLayout& row,
+                                                        std::int64_t row_width,
+                                                        const GroupLayout& column,
+                                                        std::int64_t column_width);
+
+/// `(B, width)` -> the graph's layout, and back.
+[[nodiscard]] at::Tensor to_graph(const at::Tensor& group, const GroupLayout& layout);
+[[nodiscard]] at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout);
+
+/// `graph` with the arguments from `first_argument` on and the results from `first_result`
+/// on converted (those `layouts` name; the rest pass as they are: A's blocks, parameters).
+/// `graph` itself when no layout is a block.
+[[nodiscard]] GraphFn in_newton_layout(GraphFn graph, std::size_t first_argument,
+                                       std::vector<GroupLayout> arguments, std::size_t first_result,
+                                       std::vector<GroupLayout> results);
+
+} // namespace neml2::detail
