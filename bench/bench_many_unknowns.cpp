@@ -11,10 +11,18 @@
 //   deformation-rate component prescribed at 1e-3 and the rest stress-free, as the
 //   benchmark's driver does. Skipped when the variable is not set.
 //
+// `<runtime>_kwn/BATCH`: NEML2's Kampmann-Wagner example (doc/content/modules/kwn/ in its
+//   repository; 300 size bins, one dense system per point), its stub in
+//   NEML2_DISPATCH_BENCH_KWN (`neml2-compile KWN.i --model model_scaled
+//   --example-batch-shape "number_density~1=(2;300)"`): a history (kwn_history below).
+//
 // runtime: `peer` (NEML2's runtime, SimpleScheduler) or `ours` (SyncChunking, defaults).
 // Items are material points; for ours, `<graph>_rows` counts the rows each graph took in one
-// call (Newton iterations and line-search trials of every row).
+// call (Newton iterations and line-search trials of every row), and
+// `relative_difference_from_peer` the largest difference of an output from NEML2's runtime's
+// on the same inputs, over that output's largest value.
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -92,9 +100,19 @@ void run(benchmark::State& state, bool peer, const std::filesystem::path& stub, 
       for (const char* graph : {"_jacobian.pt2", "_residual.pt2", "_solve.pt2"})
         rows[graph] += file.ends_with(graph) ? static_cast<double>(n) : 0.0;
     });
-    benchmark::DoNotOptimize(model.forward(x));
+    const auto ours = model.forward(x);
     neml2::detail::observe_graph_calls({});
+    // The largest difference from NEML2's runtime on the same call, relative to the output.
+    auto peer = neml2::aoti::load_model(stub, "model",
+                                        std::make_shared<neml2::aoti::SimpleScheduler>(
+                                            neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+    double differs = 0;
+    for (const auto& [name, theirs] : peer.forward(x))
+      differs = std::max(
+          differs, ((ours.at(name) - theirs).abs().max() / theirs.abs().max().clamp_min(1e-300))
+                       .item<double>());
     measure(state, model, x);
+    state.counters["relative_difference_from_peer"] = differs;
     for (const auto& [graph, n] : rows)
       state.counters[std::string(graph).substr(1, std::string(graph).find('.') - 1) + "_rows"] = n;
   }
@@ -113,6 +131,57 @@ void multigrain(benchmark::State& state, bool peer) {
   run(state, peer, stub, multigrain_inputs(stub, state.range(0)));
 }
 
+// KWN: BATCH points, temperatures 300 K to 360 K, over the first `kwn_steps` steps of the
+// example's log-spaced history (1e-3 to 100 h in 500 steps), each step's bins the next
+// step's `number_density~1`, from empty bins. Items are point-steps.
+constexpr int kwn_steps = 100;
+
+template <class Model>
+void kwn_history(benchmark::State& state, Model& model) {
+  const auto batch = state.range(0);
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto times = at::cat({at::zeros({1}, opts), at::logspace(-3, 2, 500, 10.0, opts)});
+  const auto temperature = at::linspace(300.0, 360.0, batch, opts);
+  const auto history = [&] {
+    auto bins = at::zeros({batch, 300}, opts);
+    for (int k = 1; k <= kwn_steps; ++k)
+      bins = model
+                 .forward({{"T", temperature},
+                           {"number_density~1", bins},
+                           {"t", times[k].expand({batch}).clone()},
+                           {"t~1", times[k - 1].expand({batch}).clone()}})
+                 .at("number_density");
+    return bins;
+  };
+  benchmark::DoNotOptimize(history());
+  for (auto _ : state)
+    benchmark::DoNotOptimize(history());
+  state.SetItemsProcessed(state.iterations() * batch * kwn_steps);
+}
+
+void kwn(benchmark::State& state, bool peer) {
+  const char* stub = std::getenv("NEML2_DISPATCH_BENCH_KWN");
+  if (!stub) {
+    state.SkipWithError("NEML2_DISPATCH_BENCH_KWN (the compiled stub) is not set");
+    return;
+  }
+  if (peer) {
+    auto model = neml2::aoti::load_model(stub, "model_scaled",
+                                         std::make_shared<neml2::aoti::SimpleScheduler>(
+                                             neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+    kwn_history(state, model);
+  } else {
+    auto model = neml2::load_model(stub, "model_scaled", neml2::SyncChunking{.device = "cpu"});
+    std::map<std::string, double> calls;
+    neml2::detail::observe_graph_calls(
+        [&](const std::string& file, std::int64_t) { calls[file] += 1.0 / kwn_steps; });
+    kwn_history(state, model);
+    neml2::detail::observe_graph_calls({});
+    for (const auto& [file, n] : calls)
+      state.counters[file] = n / static_cast<double>(state.iterations() + 1);
+  }
+}
+
 void batches(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch : {1, 64, 1024})
     b->Arg(batch);
@@ -124,3 +193,5 @@ BENCHMARK_CAPTURE(grains, peer, true)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(grains, ours, false)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(multigrain, peer, true)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(multigrain, ours, false)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(kwn, peer, true)->Arg(1)->Arg(32)->UseRealTime();
+BENCHMARK_CAPTURE(kwn, ours, false)->Arg(1)->Arg(32)->UseRealTime();

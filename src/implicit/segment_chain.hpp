@@ -50,6 +50,9 @@ public:
   }
   /// Whether every segment that takes a parameter carries its parameter-derivative graphs.
   [[nodiscard]] bool has_param_derivatives() const noexcept { return _has_param_derivatives; }
+  /// An unknown with sub-batch axes, "name [axes]" (none: empty): neml2-compile 3.1 writes
+  /// no derivative graph for a segment that solves one.
+  [[nodiscard]] std::string sub_batched_unknown() const;
   /// (output, parameter) positions of the parameter Jacobian's blocks: `parameter_derivatives`.
   [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>&
   param_jacobian_blocks() const noexcept {

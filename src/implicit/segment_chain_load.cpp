@@ -10,6 +10,7 @@
 
 #include <neml2/errors.hpp>
 
+#include "core/shape_text.hpp"
 #include "graph/graph.hpp"
 #include "implicit/block_groups.hpp"
 #include "implicit/chain_state.hpp"
@@ -295,6 +296,15 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     if (std::find(_param_vjp_params.begin(), _param_vjp_params.end(), p) == _param_vjp_params.end())
       _param_vjp_params.push_back(p);
   std::sort(_param_vjp_params.begin(), _param_vjp_params.end());
+}
+
+std::string SegmentChain::sub_batched_unknown() const {
+  for (const auto& step : _steps)
+    if (const auto* s = std::get_if<ImplicitStep>(&step))
+      for (const auto& u : s->segment->unknowns)
+        if (!u.sub_batch_shape.empty())
+          return fmt::format("'{}' {}", u.name, shape_text(u.sub_batch_shape));
+  return {};
 }
 
 bool SegmentChain::solves_with_parameter(std::size_t p) const {

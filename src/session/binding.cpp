@@ -128,10 +128,17 @@ void Session::Impl::require_operation(Operation op) const {
 }
 
 void Session::Impl::require(bool has_graph, const char* op, const std::string& fix) const {
-  if (!has_graph)
+  if (has_graph)
+    return;
+  if (const auto unknown = chain ? chain->sub_batched_unknown() : std::string(); !unknown.empty())
     throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
-                                 "needs; recompile with neml2-compile ... {}",
-                                 op, artifact->root.string(), fix));
+                                 "needs, and neml2-compile 3.1 cannot write them: it compiles "
+                                 "no derivative of a sub-batched implicit variable (this model "
+                                 "solves {}); forward() runs",
+                                 op, artifact->root.string(), unknown));
+  throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
+                               "needs; recompile with neml2-compile ... {}",
+                               op, artifact->root.string(), fix));
 }
 
 std::vector<at::Tensor> Session::Impl::positional_inputs(const TensorMap& inputs) const {
@@ -277,8 +284,8 @@ std::int64_t detail::CallProtocol::batch_as_given(const Session& s,
     // A lazy view (negated, conjugated, a zero tensor without memory) is not its raw
     // memory: the bound path resolves it.
     if (!t.defined() || t.scalar_type() != m.dtype || !t.is_cpu() ||
-        t.dim() != static_cast<std::int64_t>(base.size()) + 1 || !t.is_contiguous() ||
-        t.is_neg() || t.is_conj() || t._is_zerotensor())
+        t.dim() != static_cast<std::int64_t>(base.size()) + 1 || !t.is_contiguous() || t.is_neg() ||
+        t.is_conj() || t._is_zerotensor())
       return 0;
     const auto sizes = t.sizes();
     if (!std::equal(base.begin(), base.end(), sizes.begin() + 1) || sizes[0] < 1 ||
