@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <variant>
 
 #include <ATen/ATen.h>
 #include <c10/util/SmallVector.h>
@@ -105,12 +106,32 @@ void reject_unknown(const TensorMap& given, const std::vector<std::string>& publ
                                    detail::names_text(public_names)));
 }
 
+// An implicit variable with a sub-batch axis, if the artifact has one: neml2-compile 3.1
+// compiles no derivative graph for such a segment, whatever -d asks.
+const ImplicitVariable* sub_batched_implicit(const Artifact& a) {
+  for (const auto& segment : a.segments)
+    if (const auto* s = std::get_if<ImplicitSegment>(&segment))
+      for (const auto* vars : {&s->unknowns, &s->residuals, &s->givens})
+        for (const auto& v : *vars)
+          if (!v.sub_batch_shape.empty())
+            return &v;
+  return nullptr;
+}
+
 } // namespace
 
 void Session::Impl::require_operation(Operation op) const {
   switch (op) {
   case Operation::jvp:
   case Operation::jacobian:
+    if (chain && !chain->has_input_derivatives())
+      if (const auto* v = sub_batched_implicit(*artifact))
+        throw FatalError(fmt::format(
+            "{}(): artifact '{}' was compiled without the graphs it needs: implicit variable "
+            "'{}' has sub-batch shape {}, and neml2-compile 3.1 compiles no derivative of a "
+            "sub-batched implicit variable; only forward() runs on this artifact",
+            op == Operation::jvp ? "jvp" : "jacobian", artifact->root.string(), v->name,
+            detail::shape_text(v->sub_batch_shape)));
     require(chain ? chain->has_input_derivatives() : bool(jvp_graph),
             op == Operation::jvp ? "jvp" : "jacobian", "-d OUT:IN (or -d : for every pair)");
     break;
