@@ -11,6 +11,12 @@
 //   deformation-rate component prescribed at 1e-3 and the rest stress-free, as the
 //   benchmark's driver does. Skipped when the variable is not set.
 //
+// `<runtime>_slip_systems/BATCH`: NEML2's crystal-plasticity regression test
+//   tests/regression/solid_mechanics/crystal_plasticity/per_slip_hardening (12 slip systems'
+//   dislocation densities a sub-batched unknown beside elastic strain and orientation, 21
+//   unknowns a point, one dense group), compiled with `--example-batch-shape
+//   "dislocation_density~1=(2;12)" --example-batch-shape "dislocation_density=(2;12)"`; its
+//   stub in NEML2_DISPATCH_BENCH_SLIP_SYSTEMS. One step (slip_system_inputs below).
 // `<runtime>_kwn/BATCH`: NEML2's Kampmann-Wagner example (doc/content/modules/kwn/ in its
 //   repository; 300 size bins, one dense system per point), its stub in
 //   NEML2_DISPATCH_BENCH_KWN (`neml2-compile KWN.i --model model_scaled
@@ -56,17 +62,23 @@ Inputs grains_inputs(std::int64_t batch) {
           {"slip~1", at::zeros({batch, 4}, opts)}};
 }
 
-// Every input of the artifact zero, then the step's forces and the grains' orientations.
-Inputs multigrain_inputs(const std::filesystem::path& stub, std::int64_t batch) {
-  const auto opts = at::TensorOptions(at::kDouble);
+// Every input of the artifact zero.
+Inputs zero_inputs(const std::filesystem::path& stub, std::int64_t batch) {
   const auto artifact = neml2::read_artifact(neml2::resolve_artifact_root(stub, "model"));
   Inputs x;
   for (const auto& input : artifact.inputs) {
     std::vector<std::int64_t> shape{batch};
     shape.insert(shape.end(), input.sub_batch_shape.begin(), input.sub_batch_shape.end());
     shape.insert(shape.end(), input.base_shape.begin(), input.base_shape.end());
-    x[input.name] = at::zeros(shape, opts);
+    x[input.name] = at::zeros(shape, at::kDouble);
   }
+  return x;
+}
+
+// The step's forces and the grains' orientations.
+Inputs multigrain_inputs(const std::filesystem::path& stub, std::int64_t batch) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  auto x = zero_inputs(stub, batch);
   const auto first = at::tensor({1.0, 0.0, 0.0, 0.0, 0.0, 0.0}, opts).expand({batch, 6});
   x.at("control") = first.clone();
   x.at("prescribed") = 1e-3 * first;
@@ -74,6 +86,25 @@ Inputs multigrain_inputs(const std::filesystem::path& stub, std::int64_t batch) 
   const auto gen = at::make_generator<at::CPUGeneratorImpl>(0);
   auto& orientation = x.at("orientation~1");
   orientation = 0.3 * at::randn(orientation.sizes(), gen, opts);
+  return x;
+}
+
+// One step (dt = 0.1) of NEML2's regression test from its initial state: the deformation
+// rate and vorticity it prescribes, 10 dislocations on every system, orientations spread as
+// its initial ones are.
+Inputs slip_system_inputs(const std::filesystem::path& stub, std::int64_t batch) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  auto x = zero_inputs(stub, batch);
+  x.at("deformation_rate") =
+      at::tensor({0.1, -0.05, -0.05, 0.0, 0.0, 0.0}, opts).expand({batch, 6});
+  x.at("vorticity") = at::tensor({0.1, -0.05, -0.05}, opts).expand({batch, 3});
+  x.at("dislocation_density~1").fill_(10.0);
+  x.at("t").fill_(0.1);
+  const auto r =
+      at::stack({at::linspace(0.0, 0.75, batch, opts), at::linspace(0.0, -0.25, batch, opts),
+                 at::linspace(-0.1, 0.1, batch, opts)},
+                1);
+  x.at("orientation~1") = r / ((r * r).sum(1, true) + 1.0).sqrt().add(1.0);
   return x;
 }
 
@@ -129,6 +160,15 @@ void multigrain(benchmark::State& state, bool peer) {
     return;
   }
   run(state, peer, stub, multigrain_inputs(stub, state.range(0)));
+}
+
+void slip_systems(benchmark::State& state, bool peer) {
+  const char* stub = std::getenv("NEML2_DISPATCH_BENCH_SLIP_SYSTEMS");
+  if (!stub) {
+    state.SkipWithError("NEML2_DISPATCH_BENCH_SLIP_SYSTEMS (the compiled stub) is not set");
+    return;
+  }
+  run(state, peer, stub, slip_system_inputs(stub, state.range(0)));
 }
 
 // KWN: BATCH points, temperatures 300 K to 360 K, over the first `kwn_steps` steps of the
@@ -193,5 +233,7 @@ BENCHMARK_CAPTURE(grains, peer, true)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(grains, ours, false)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(multigrain, peer, true)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(multigrain, ours, false)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(slip_systems, peer, true)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(slip_systems, ours, false)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(kwn, peer, true)->Arg(1)->Arg(32)->UseRealTime();
 BENCHMARK_CAPTURE(kwn, ours, false)->Arg(1)->Arg(32)->UseRealTime();

@@ -3,6 +3,14 @@
 # (a plain scalar unknown), solved together by backward Euler. Each system slips at
 # w_i (f - g_i) / g_i with g_i = 1 + h_i, under a resolved force f per point; p sums the
 # slip rates, and each h_i hardens as 0.2 p_rate g_i.
+# After the solve, as crystal-plasticity models do, a forward segment reads its results:
+# each system's strength g_i (sub-batched), the mean over the systems of diag(h_i) (a plain
+# SR2 from the sub-batched unknown, as a polycrystal averages its grains' stresses) and the
+# work f p (plain, from a plain input and a plain unknown).
+# neml2-compile 3.1 cannot take more in that segment: a plain and a sub-batched variable
+# in one operation (f - g_i) fails to trace ("The size of tensor a (s72) must match the
+# size of tensor b (12)"), and PrecipitateVolumeFraction's sum over the systems compiles to
+# a graph that returns (B, 12) values unlike eager NEML2's (B,) sums.
 
 [Tensors]
   [slip_weights]
@@ -82,9 +90,37 @@
     models = 'strength overstress slip_rate total_slip_rate hardening_rate integrate_hardening
               integrate_slip'
   []
-  [model]
+  [update]
     type = ImplicitUpdate
     equation_system = 'eq_sys'
     solver = 'newton'
+  []
+  [system_strength]
+    type = ScalarLinearCombination
+    from = 'hardening'
+    to = 'system_strength'
+    weights = '1'
+    offset = 1.0
+  []
+  [hardening_tensor]
+    type = ScalarToDiagonalSR2
+    input = 'hardening'
+    output = 'hardening_tensor'
+  []
+  [mean_hardening]
+    type = SR2IntermediateMean
+    from = 'hardening_tensor'
+    to = 'mean_hardening'
+    reduces = 'system'
+  []
+  [work]
+    type = ScalarMultiplication
+    from = 'f p'
+    to = 'work'
+  []
+  [model]
+    type = ComposedModel
+    models = 'update system_strength hardening_tensor mean_hardening work'
+    additional_outputs = 'hardening p'
   []
 []

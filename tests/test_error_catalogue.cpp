@@ -234,6 +234,21 @@ TEST_CASE("inputs whose sub-batch shapes do not broadcast together") {
       "together; the file is not what neml2-compile writes");
 }
 
+TEST_CASE("an output whose base shape is not what its forward graph makes") {
+  // slip_systems' mean_hardening is an SR2 the forward segment after the solve averages
+  // over the 12 systems: (B, 6), found at load by a call on zeros.
+  edited_loading_fails_with(
+      "slip_systems", "model",
+      [](json& m) {
+        for (auto& out : m["outputs"])
+          if (out["name"] == "mean_hardening") {
+            out["base_shape"] = {3};
+            out["var_size"] = 3;
+          }
+      },
+      "output 'mean_hardening' has base shape [3], but its graph makes [6] per row");
+}
+
 TEST_CASE("metadata.json with no segments") {
   edited_loading_fails_with(
       "elasticity", "elasticity", [](json& m) { m["segments"] = json::array(); },

@@ -915,8 +915,8 @@ TEST_CASE("block-structured groups: as eager NEML2 solves each point, whole or i
   }
   // Derivatives: neml2-compile writes none for a sub-batched unknown.
   CHECK(contains(test::fatal_message([&] { (void)whole.jacobian(ref.group("s0/in")); }),
-                 "neml2-compile 3.1 cannot write them: it compiles no derivative of a "
-                 "sub-batched implicit variable (this model solves 'hardening' [4])"));
+                 "implicit variable 'hardening' has sub-batch shape [4], and neml2-compile "
+                 "3.1 compiles no derivative of a sub-batched implicit variable"));
 }
 
 TEST_CASE("binned unknowns: a point's bins do not depend on the points beside it, on either path") {
@@ -973,7 +973,73 @@ TEST_CASE("a sub-batched unknown beside a plain one: each output in its own shap
   const auto inputs = ref.group("s4/in");
   const auto nan = std::numeric_limits<double>::quiet_NaN();
   const auto hardening = at::full({20, 12}, nan, at::kDouble), p = at::full({20}, nan, at::kDouble);
-  m.forward_into(inputs, {{"hardening", hardening}, {"p", p}});
-  test::check_close(hardening, ref["s4/out/hardening"], "hardening into", 1e-8);
-  test::check_close(p, ref["s4/out/p"], "p into", 1e-8);
+  TensorMap into;
+  for (const auto& [name, t] : ref.group("s4/out"))
+    into.emplace(name, at::full(t.sizes(), nan, at::kDouble));
+  m.forward_into(inputs, into);
+  test::check_close(into, ref.group("s4/out"), "into", 1e-8);
+}
+
+TEST_CASE("a forward segment after a sub-batched solve: chunks of 1 and 7 and pieces, on both "
+          "policies, bit for bit as the whole batch") {
+  // slip_systems' forward segment reads the solve's results: system_strength keeps the 12
+  // systems, mean_hardening (an SR2) averages them away, work is plain. metadata.json gives
+  // only base shapes: a chunk's outputs were allocated with the inputs' 12 systems.
+  const test::Reference ref("slip_systems");
+  const auto stub = test::stub("slip_systems", "model");
+  const auto inputs = ref.group("s4/in");
+  const auto expected = ref.group("s4/out");
+  CHECK(expected.at("system_strength").sizes() == at::IntArrayRef{20, 12});
+  CHECK(expected.at("mean_hardening").sizes() == at::IntArrayRef{20, 6});
+  CHECK(expected.at("work").sizes() == at::IntArrayRef{20});
+  const auto whole_model = load_model(stub, "model", SyncChunking{.device = "cpu"});
+  CHECK(whole_model.output_shapes() ==
+        std::vector<Shape>{{12}, {}, {6}, {12}, {}}); // system_strength work mean_hardening ...
+  const auto whole = whole_model.forward(inputs);
+  test::check_close(whole, expected, "whole batch", 1e-8);
+  const auto nan = std::numeric_limits<double>::quiet_NaN();
+  for (std::int64_t rows : {1, 7}) {
+    CAPTURE(rows);
+    const auto m = load_model(stub, "model", SyncChunking{.device = "cpu", .batch_size = rows});
+    CHECK(test::identical(m.forward(inputs), whole));
+    TensorMap into;
+    for (const auto& [name, t] : whole)
+      into.emplace(name, at::full(t.sizes(), nan, at::kDouble));
+    m.forward_into(inputs, into);
+    CHECK(test::identical(into, whole));
+    const auto call = m.prepare();
+    std::vector<at::Tensor> ordered;
+    for (const auto& name : call.input_names())
+      ordered.push_back(inputs.at(name));
+    const auto prepared = call.forward(ordered);
+    for (std::size_t o = 0; o < m.output_names().size(); ++o)
+      CHECK(test::identical(prepared.at(o), whole.at(m.output_names()[o])));
+    const auto greedy = load_model(
+        stub, "model", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {rows}});
+    CHECK(test::identical(greedy.forward(inputs), whole));
+  }
+  // A whole batch above one cache-sized piece (4096 rows here) is gathered piece by piece,
+  // as SyncChunking's default chunk of 16384 rows is: the rows repeated 300 times.
+  TensorMap many;
+  for (const auto& [name, t] : inputs)
+    many.emplace(name, t.repeat_interleave(300, 0));
+  const auto pieces = whole_model.forward(many);
+  for (const auto& [name, t] : whole)
+    CHECK_MESSAGE(test::identical(pieces.at(name), t.repeat_interleave(300, 0)), name);
+}
+
+TEST_CASE("a sub-batched solve has no derivative graphs: a chunked jacobian says so before "
+          "any chunk runs") {
+  const test::Reference ref("slip_systems");
+  const auto m = load_model(test::stub("slip_systems", "model"), "model",
+                            SyncChunking{.device = "cpu", .batch_size = 7});
+  const auto inputs = ref.group("s4/in");
+  for (const auto& message : {test::fatal_message([&] { static_cast<void>(m.jacobian(inputs)); }),
+                              test::fatal_message([&] { static_cast<void>(m.jvp(inputs, {})); })}) {
+    CAPTURE(message);
+    CHECK(contains(message, "compiled without the graphs it needs"));
+    CHECK(contains(message, "'hardening' has sub-batch shape [12]"));
+    CHECK(contains(message, "neml2-compile 3.1 compiles no derivative of a sub-batched "
+                            "implicit variable"));
+  }
 }

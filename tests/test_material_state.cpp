@@ -443,6 +443,33 @@ TEST_CASE("results straight into the host's storage: records per point, arrays p
   }
 }
 
+TEST_CASE("a host's records of outputs with sub-batch axes a forward segment made, in chunks") {
+  // slip_systems: system_strength (12 systems) and mean_hardening (an SR2 averaged over
+  // them) come from a forward segment after the solve; metadata.json gives neither its
+  // sub-batch axes. The state's own outputs (work: not given) are allocated alike.
+  const test::Reference ref("slip_systems");
+  const auto model = load("slip_systems", SyncChunking{.batch_size = 7});
+  const auto first = ref.group("s0/in");
+  const auto points = first.at("f").size(0);
+  MaterialState plain(model, points, initial(state_roles(model), first));
+  MaterialState hosted(model, points, initial(state_roles(model), first));
+  auto records = at::full({points, 18}, 7.0, at::kDouble);
+  const HostLayout layout{.outputs = {{"system_strength", records.narrow(1, 0, 12)},
+                                      {"mean_hardening", records.narrow(1, 12, 6)}}};
+  for (int n = 0; n < 5; ++n) {
+    CAPTURE(n);
+    const auto in = ref.group(step_name(n) + "/in");
+    const auto& expected = plain.step(driven(plain, in));
+    test::check_close(expected.outputs, ref.group(step_name(n) + "/out"), "eager NEML2", 1e-8);
+    const auto& r = hosted.step(driven(hosted, in), {.into = layout});
+    CHECK(test::identical(r.outputs, expected.outputs));
+    CHECK(at::equal(records.narrow(1, 0, 12), expected.outputs.at("system_strength")));
+    CHECK(at::equal(records.narrow(1, 12, 6), expected.outputs.at("mean_hardening")));
+    plain.accept();
+    hosted.accept();
+  }
+}
+
 TEST_CASE("points cut alone into the host's storage: converged rows written, failed rows NaN") {
   const ScalarCase c;
   const auto converged = c.ref["sub/spans"] > 0;

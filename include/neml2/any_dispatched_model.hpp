@@ -144,6 +144,8 @@ public:
   [[nodiscard]] const std::vector<Shape>& input_base_shapes() const noexcept;
   /// Each output's base shape, as output_names().
   [[nodiscard]] const std::vector<Shape>& output_base_shapes() const noexcept;
+  /// Each output's shape per row, sub-batch axes included (Session::output_shapes()).
+  [[nodiscard]] const std::vector<Shape>& output_shapes() const noexcept;
   /// Each promoted parameter's base shape, by public name.
   [[nodiscard]] const std::map<std::string, Shape>& parameter_base_shapes() const noexcept;
   /// The first listed device, resolved (a bare `cuda` becomes the current CUDA device).

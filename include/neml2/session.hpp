@@ -101,6 +101,10 @@ public:
   [[nodiscard]] const std::vector<Shape>& input_base_shapes() const noexcept;
   /// Each output's base shape, as output_names().
   [[nodiscard]] const std::vector<Shape>& output_base_shapes() const noexcept;
+  /// Each output's shape per row, `(*sub_batch, *base)`, as output_names(): metadata.json
+  /// gives only the base; the sub-batch axes are the inputs', an unknown's, or what the
+  /// forward graph that makes the output returns (it may keep, add or average them away).
+  [[nodiscard]] const std::vector<Shape>& output_shapes() const noexcept;
   /// Each promoted parameter's base shape, by public name.
   [[nodiscard]] const std::map<std::string, Shape>& parameter_base_shapes() const noexcept;
   /// The blocks jacobian() returns, as (output, input) public names in the graphs' order;

@@ -92,6 +92,10 @@ const std::vector<Shape>& AnyDispatchedModel::input_base_shapes() const noexcept
 const std::vector<Shape>& AnyDispatchedModel::output_base_shapes() const noexcept {
   return _dispatcher->core.session().output_base_shapes();
 }
+
+const std::vector<Shape>& AnyDispatchedModel::output_shapes() const noexcept {
+  return _dispatcher->core.session().output_shapes();
+}
 const std::map<std::string, Shape>& AnyDispatchedModel::parameter_base_shapes() const noexcept {
   return _dispatcher->core.session().parameter_base_shapes();
 }

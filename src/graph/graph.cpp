@@ -212,16 +212,34 @@ void Graph::expect(const std::vector<std::optional<Shape>>& arguments, std::vect
   expect(arguments, results.size());
   _results = std::move(results);
   _result_dtype = dtype;
-  // The probe: zeros of the shapes the graph takes, at its smallest batch.
-  std::vector<at::Tensor> zeros;
+  static_cast<void>(run(zeros(dtype)));
+}
+
+std::vector<Shape> Graph::result_shapes(c10::ScalarType dtype) const {
+  const auto rows = std::max<std::int64_t>(_min_rows, 1);
+  std::vector<Shape> shapes;
+  for (const auto& r : run(zeros(dtype))) {
+    if (r.dim() == 0 || r.size(0) != rows)
+      throw FatalError(fmt::format("graph '{}' (metadata.json {}) returned a result of shape {} "
+                                   "from {} rows: every result must have one row per row; "
+                                   "recompile the artifact with neml2-compile",
+                                   _file, _listed_as, shape_of(r.sizes().vec()), rows));
+    shapes.emplace_back(r.sizes().begin() + 1, r.sizes().end());
+  }
+  return shapes;
+}
+
+// Zeros of the shapes the graph takes, at its smallest batch.
+std::vector<at::Tensor> Graph::zeros(c10::ScalarType dtype) const {
+  std::vector<at::Tensor> args;
   for (const auto& in : _signature.inputs) {
     auto sizes = in.sizes;
     for (auto& d : sizes)
       d = d < 0 ? std::max<std::int64_t>(_min_rows, 1) : d;
     const auto type = in.dtype.empty() ? dtype : dtype_from_name(in.dtype);
-    zeros.push_back(at::zeros(sizes, at::TensorOptions().dtype(type).device(_torch_device)));
+    args.push_back(at::zeros(sizes, at::TensorOptions().dtype(type).device(_torch_device)));
   }
-  static_cast<void>(run(zeros));
+  return args;
 }
 
 } // namespace neml2::detail

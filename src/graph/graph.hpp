@@ -71,6 +71,9 @@ public:
   void expect(const std::vector<std::optional<Shape>>& arguments, std::vector<Result> results,
               c10::ScalarType dtype);
 
+  /// Each result's shape per row (its batch axis dropped), from one call on zeros at the
+  /// graph's smallest batch: what metadata.json does not record (an output's sub-batch axes).
+  [[nodiscard]] std::vector<Shape> result_shapes(c10::ScalarType dtype) const;
   /// Runs the graph on dense row-major `(rows, ...)` arguments (unbatched ones as the
   /// graph takes them). Checked against the signature; a call with fewer rows than the
   /// graph was exported for is padded with copies of its last row, one with more is split.
@@ -83,6 +86,7 @@ private:
                                                    std::int64_t rows) const;
   [[nodiscard]] std::vector<at::Tensor> run_split(const std::vector<at::Tensor>& args,
                                                   std::int64_t rows) const;
+  [[nodiscard]] std::vector<at::Tensor> zeros(c10::ScalarType dtype) const;
   [[noreturn]] void fail(const std::string& what) const;
   void pin_fixed_batch(const std::vector<std::optional<Shape>>& arguments);
 

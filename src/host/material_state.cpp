@@ -160,8 +160,7 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
   _input_shapes = inputs;
   for (std::size_t o = 0; o < model.output_names().size(); ++o) {
     const auto& y = model.output_names()[o];
-    _output_shapes[y] =
-        inputs.count(old_name(y)) ? inputs.at(old_name(y)) : model.output_base_shapes()[o];
+    _output_shapes[y] = model.output_shapes()[o];
   }
   for (const auto& x : _roles.state)
     _shapes.emplace(x, inputs.at(old_name(x)));

@@ -25,10 +25,11 @@ namespace neml2::detail {
 
 /// Loads one graph of the leaf folder by file name, checked to take `arguments` (their
 /// shapes with -1 for the batch axis, nullopt where unknown) and return `results`; an
-/// empty name gives an empty function.
-using GraphLoader =
-    std::function<GraphFn(const std::string& package, const char* listed_as,
-                          const std::vector<std::optional<Shape>>& arguments, std::size_t results)>;
+/// empty name gives an empty function. Given `result_shapes`, fills it with each result's
+/// shape per row, from one call of the graph on zeros (Graph::result_shapes).
+using GraphLoader = std::function<GraphFn(const std::string& package, const char* listed_as,
+                                          const std::vector<std::optional<Shape>>& arguments,
+                                          std::size_t results, std::vector<Shape>* result_shapes)>;
 
 class SegmentChain {
 public:
@@ -41,6 +42,11 @@ public:
   /// per output, undefined = zero). Throws the per-row ConvergenceError when some rows fail.
   [[nodiscard]] std::vector<at::Tensor> run(Operation op, ChunkArgs& chunk) const;
 
+  /// Each output's shape per row, `(*sub_batch, *base)`, in master order: an input's or an
+  /// unknown's from metadata.json, one a forward segment makes from its graph (metadata.json
+  /// does not record an output's sub-batch axes; a forward segment may add or sum them).
+  [[nodiscard]] const std::vector<Shape>& output_shapes() const noexcept { return _output_shapes; }
+
   /// Whether every segment carries its derivative graphs (jvp / jacobian_given + solve_ift).
   [[nodiscard]] bool has_input_derivatives() const noexcept { return _has_input_derivatives; }
   /// (output, input) master positions of the Jacobian's blocks: metadata.json `derivatives`.
@@ -50,9 +56,6 @@ public:
   }
   /// Whether every segment that takes a parameter carries its parameter-derivative graphs.
   [[nodiscard]] bool has_param_derivatives() const noexcept { return _has_param_derivatives; }
-  /// An unknown with sub-batch axes, "name [axes]" (none: empty): neml2-compile 3.1 writes
-  /// no derivative graph for a segment that solves one.
-  [[nodiscard]] std::string sub_batched_unknown() const;
   /// (output, parameter) positions of the parameter Jacobian's blocks: `parameter_derivatives`.
   [[nodiscard]] const std::vector<std::pair<std::size_t, std::size_t>>&
   param_jacobian_blocks() const noexcept {
@@ -157,6 +160,7 @@ private:
   std::vector<std::size_t> _param_vjp_params;
   std::map<std::string, std::size_t> _param_index;
   std::vector<std::int64_t> _input_sizes; // values per row of each input
+  std::vector<Shape> _output_shapes;
   bool _has_input_derivatives = true;
   bool _has_param_derivatives = true;
   SolverConfig _config;

@@ -19,6 +19,12 @@
 namespace neml2::detail {
 namespace {
 
+Shape per_row_shape(const Shape& sub_batch, const Shape& base) {
+  auto shape = sub_batch;
+  shape.insert(shape.end(), base.begin(), base.end());
+  return shape;
+}
+
 // The givens' substepping roles (metadata.json `role` and `pair`) as slices of the packed
 // groups. Roles are the compiler's: a force listed in incremental_variables already has
 // its `~1` partner and the cur_force / old_force roles.
@@ -124,9 +130,15 @@ std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& group
   return found;
 }
 
-SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
+SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load_graph)
     : _artifact(artifact)
     , _config(artifact.solver_config.value_or(SolverConfig{})) {
+  const auto load = [&](const std::string& package, const char* listed_as,
+                        const std::vector<std::optional<Shape>>& arguments, std::size_t results) {
+    return load_graph(package, listed_as, arguments, results, nullptr);
+  };
+  // Every variable's shape per row as the segments make it, for output_shapes().
+  std::map<std::string, Shape> per_row;
   auto& param_index = _param_index;
   std::map<std::string, std::size_t> input_index, output_index;
   for (std::size_t p = 0; p < artifact.parameters.size(); ++p)
@@ -135,6 +147,8 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     input_index[artifact.inputs[i].name] = i;
     _input_sizes.push_back(numel(artifact.inputs[i].sub_batch_shape) *
                            numel(artifact.inputs[i].base_shape));
+    per_row[artifact.inputs[i].name] =
+        per_row_shape(artifact.inputs[i].sub_batch_shape, artifact.inputs[i].base_shape);
   }
   for (std::size_t o = 0; o < artifact.outputs.size(); ++o)
     output_index[artifact.outputs[o].name] = o;
@@ -158,8 +172,12 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
       // Intermediate variables' shapes are not in metadata.json: counts only, shapes at
       // the first call.
       const std::vector<std::optional<Shape>> takes(f->inputs.size() + f->param_inputs.size());
+      std::vector<Shape> made;
+      auto value = load_graph(f->package, "package", takes, f->outputs.size(), &made);
+      for (std::size_t o = 0; o < made.size() && o < f->outputs.size(); ++o)
+        per_row[f->outputs[o]] = std::move(made[o]);
       _steps.emplace_back(ForwardStep{
-          f, load(f->package, "package", takes, f->outputs.size()),
+          f, std::move(value),
           load(f->jvp_package, "jvp_package", takes, f->outputs.size() + f->jacobian_pairs.size()),
           load(f->param_jacobian_package, "param_jacobian_package", takes,
                f->param_jacobian_pairs.size()),
@@ -170,6 +188,8 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
       continue;
     }
     const auto& s = std::get<ImplicitSegment>(segment);
+    for (const auto& u : s.unknowns)
+      per_row[u.name] = per_row_shape(u.sub_batch_shape, u.base_shape);
     ImplicitStep step;
     step.segment = &s;
     step.params = params_of(s.param_inputs);
@@ -273,6 +293,24 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     _steps.emplace_back(std::move(step));
   }
 
+  for (const auto& out : artifact.outputs) {
+    const auto it = per_row.find(out.name);
+    if (it == per_row.end())
+      throw FatalError(fmt::format("{}/metadata.json: output '{}' is neither an input nor made by "
+                                   "a segment; the artifact is inconsistent: recompile it with "
+                                   "neml2-compile",
+                                   artifact.root.string(), out.name));
+    const auto& shape = it->second;
+    if (shape.size() < out.base_shape.size() ||
+        !std::equal(out.base_shape.rbegin(), out.base_shape.rend(), shape.rbegin()))
+      throw FatalError(fmt::format("{}/metadata.json: output '{}' has base shape {}, but its "
+                                   "graph makes {} per row; the graph belongs to another model: "
+                                   "recompile the artifact with neml2-compile",
+                                   artifact.root.string(), out.name, shape_text(out.base_shape),
+                                   shape_text(shape)));
+    _output_shapes.push_back(shape);
+  }
+
   // metadata.json's pairs of names -> (output, input or parameter) positions.
   const auto positions = [&](const std::vector<std::pair<std::string, std::string>>& pairs,
                              const std::map<std::string, std::size_t>& second, const char* key) {
@@ -296,15 +334,6 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load)
     if (std::find(_param_vjp_params.begin(), _param_vjp_params.end(), p) == _param_vjp_params.end())
       _param_vjp_params.push_back(p);
   std::sort(_param_vjp_params.begin(), _param_vjp_params.end());
-}
-
-std::string SegmentChain::sub_batched_unknown() const {
-  for (const auto& step : _steps)
-    if (const auto* s = std::get_if<ImplicitStep>(&step))
-      for (const auto& u : s->segment->unknowns)
-        if (!u.sub_batch_shape.empty())
-          return fmt::format("'{}' {}", u.name, shape_text(u.sub_batch_shape));
-  return {};
 }
 
 bool SegmentChain::solves_with_parameter(std::size_t p) const {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <variant>
 
 #include <ATen/ATen.h>
 #include <c10/util/SmallVector.h>
@@ -105,6 +106,18 @@ void reject_unknown(const TensorMap& given, const std::vector<std::string>& publ
                                    detail::names_text(public_names)));
 }
 
+// An implicit variable with a sub-batch axis, if the artifact has one: neml2-compile 3.1
+// compiles no derivative graph for such a segment, whatever -d asks.
+const ImplicitVariable* sub_batched_implicit(const Artifact& a) {
+  for (const auto& segment : a.segments)
+    if (const auto* s = std::get_if<ImplicitSegment>(&segment))
+      for (const auto* vars : {&s->unknowns, &s->residuals, &s->givens})
+        for (const auto& v : *vars)
+          if (!v.sub_batch_shape.empty())
+            return &v;
+  return nullptr;
+}
+
 } // namespace
 
 void Session::Impl::require_operation(Operation op) const {
@@ -130,12 +143,12 @@ void Session::Impl::require_operation(Operation op) const {
 void Session::Impl::require(bool has_graph, const char* op, const std::string& fix) const {
   if (has_graph)
     return;
-  if (const auto unknown = chain ? chain->sub_batched_unknown() : std::string(); !unknown.empty())
-    throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
-                                 "needs, and neml2-compile 3.1 cannot write them: it compiles "
-                                 "no derivative of a sub-batched implicit variable (this model "
-                                 "solves {}); forward() runs",
-                                 op, artifact->root.string(), unknown));
+  if (const auto* v = chain ? sub_batched_implicit(*artifact) : nullptr)
+    throw FatalError(fmt::format(
+        "{}(): artifact '{}' was compiled without the graphs it needs: implicit variable "
+        "'{}' has sub-batch shape {}, and neml2-compile 3.1 compiles no derivative of a "
+        "sub-batched implicit variable; only forward() runs on this artifact",
+        op, artifact->root.string(), v->name, detail::shape_text(v->sub_batch_shape)));
   throw FatalError(fmt::format("{}(): artifact '{}' was compiled without the graphs it "
                                "needs; recompile with neml2-compile ... {}",
                                op, artifact->root.string(), fix));

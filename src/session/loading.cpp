@@ -51,15 +51,23 @@ void Session::Impl::make_chain() {
   chain = std::make_unique<detail::SegmentChain>(
       *artifact,
       [this](const std::string& package, const char* listed_as,
-             const std::vector<std::optional<Shape>>& arguments,
-             std::size_t results) -> detail::GraphFn {
+             const std::vector<std::optional<Shape>>& arguments, std::size_t results,
+             std::vector<Shape>* result_shapes) -> detail::GraphFn {
         if (package.empty())
           return {};
         auto graph =
             std::make_shared<Graph>(leaf, package, torch_device, dtype, runners, listed_as);
         graph->expect(arguments, results);
+        if (result_shapes)
+          *result_shapes = graph->result_shapes(dtype);
         return [graph](const std::vector<at::Tensor>& args) { return graph->run(args); };
       });
+  output_shapes = chain->output_shapes();
+  for (const auto& shape : output_shapes)
+    forward_slots.push_back({detail::Gather::rows, shape});
+  jvp_slots = forward_slots;
+  jvp_slots.insert(jvp_slots.end(), forward_slots.begin(), forward_slots.end());
+  jacobian_slots = forward_slots;
   for (const auto& [o, i] : chain->jacobian_blocks()) {
     jacobian_blocks.push_back({o, i});
     jacobian_slots.push_back(
@@ -110,8 +118,12 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
   }
 
-  // Outputs carry the inputs' sub-batch axes (metadata.json does not record them there),
-  // which must broadcast together.
+  if (!a.single_forward()) { // the chain knows its outputs' shapes
+    m.make_chain();
+    return;
+  }
+  // One forward segment's outputs carry its inputs' sub-batch axes (metadata.json does not
+  // record them there), which must broadcast together.
   for (auto v = a.inputs.begin(); v != a.inputs.end(); ++v)
     for (auto w = a.inputs.begin(); w != v; ++w)
       if (!broadcast_together(w->sub_batch_shape, v->sub_batch_shape))
@@ -124,25 +136,13 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   std::vector<std::int64_t> sub_batch;
   for (const auto& v : a.inputs)
     sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
-  // ... except an implicit segment's unknown, whose own sub-batch shape is in metadata.json
-  // (300 bins, or none beside a sub-batched unknown).
-  std::map<std::string, const Shape*> solved;
-  for (const auto& segment : a.segments)
-    if (const auto* s = std::get_if<ImplicitSegment>(&segment))
-      for (const auto& u : s->unknowns)
-        solved[u.name] = &u.sub_batch_shape;
   for (std::size_t o = 0; o < a.outputs.size(); ++o) {
-    const auto unknown = solved.find(a.outputs[o].name);
-    const auto* axes = unknown == solved.end() ? &sub_batch : unknown->second;
-    m.forward_slots.push_back({detail::Gather::rows, concat({axes, &m.output_base_shapes[o]})});
+    m.output_shapes.push_back(concat({&sub_batch, &m.output_base_shapes[o]}));
+    m.forward_slots.push_back({detail::Gather::rows, m.output_shapes.back()});
   }
   m.jvp_slots = m.forward_slots;
   m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
   m.jacobian_slots = m.forward_slots;
-  if (!a.single_forward()) {
-    m.make_chain();
-    return;
-  }
   m.segment = &std::get<ForwardSegment>(a.segments.front());
   const auto& seg = *m.segment;
 

@@ -130,6 +130,10 @@ const std::vector<Shape>& Session::input_base_shapes() const noexcept {
 const std::vector<Shape>& Session::output_base_shapes() const noexcept {
   return _impl->output_base_shapes;
 }
+
+const std::vector<Shape>& Session::output_shapes() const noexcept {
+  return _impl->output_shapes;
+}
 const std::map<std::string, Shape>& Session::parameter_base_shapes() const noexcept {
   return _impl->parameter_base_shapes;
 }

@@ -37,6 +37,7 @@ struct Session::Impl {
   // Public names and shapes, master order.
   std::vector<std::string> input_names, output_names;
   std::vector<Shape> input_base_shapes, output_base_shapes, input_trailing_shapes;
+  std::vector<Shape> output_shapes; // per row, sub-batch axes included: forward_slots' shapes
   std::map<std::string, Shape> parameter_base_shapes;
   std::map<std::string, std::size_t> input_index, output_index;
   TensorMap parameters;
