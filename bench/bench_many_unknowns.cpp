@@ -153,22 +153,22 @@ void grains(benchmark::State& state, bool peer) {
   run(state, peer, grains_stub, grains_inputs(state.range(0)));
 }
 
+// The stub an environment variable names; none: the case is skipped.
+const char* stub_named(benchmark::State& state, const char* variable) {
+  const char* stub = std::getenv(variable);
+  if (!stub)
+    state.SkipWithError((std::string(variable) + " (the compiled stub) is not set").c_str());
+  return stub;
+}
+
 void multigrain(benchmark::State& state, bool peer) {
-  const char* stub = std::getenv("NEML2_DISPATCH_BENCH_MULTIGRAIN");
-  if (!stub) {
-    state.SkipWithError("NEML2_DISPATCH_BENCH_MULTIGRAIN (the compiled stub) is not set");
-    return;
-  }
-  run(state, peer, stub, multigrain_inputs(stub, state.range(0)));
+  if (const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_MULTIGRAIN"))
+    run(state, peer, stub, multigrain_inputs(stub, state.range(0)));
 }
 
 void slip_systems(benchmark::State& state, bool peer) {
-  const char* stub = std::getenv("NEML2_DISPATCH_BENCH_SLIP_SYSTEMS");
-  if (!stub) {
-    state.SkipWithError("NEML2_DISPATCH_BENCH_SLIP_SYSTEMS (the compiled stub) is not set");
-    return;
-  }
-  run(state, peer, stub, slip_system_inputs(stub, state.range(0)));
+  if (const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_SLIP_SYSTEMS"))
+    run(state, peer, stub, slip_system_inputs(stub, state.range(0)));
 }
 
 // KWN: BATCH points, temperatures 300 K to 360 K, over the first `kwn_steps` steps of the
@@ -200,11 +200,9 @@ void kwn_history(benchmark::State& state, Model& model) {
 }
 
 void kwn(benchmark::State& state, bool peer) {
-  const char* stub = std::getenv("NEML2_DISPATCH_BENCH_KWN");
-  if (!stub) {
-    state.SkipWithError("NEML2_DISPATCH_BENCH_KWN (the compiled stub) is not set");
+  const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_KWN");
+  if (!stub)
     return;
-  }
   if (peer) {
     auto model = neml2::aoti::load_model(stub, "model_scaled",
                                          std::make_shared<neml2::aoti::SimpleScheduler>(
