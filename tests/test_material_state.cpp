@@ -30,6 +30,7 @@ constexpr History histories[] = {
     {"perzyna_viscoplasticity", 5, true}, {"chaboche_viscoplasticity", 5, true},
     {"perzyna_gmres", 5, true},           {"binned_precipitation", 6, false},
     {"slip_systems", 5, false},           {"gtn_viscoplasticity", 5, true},
+    {"grains", 5, false},
 };
 
 bool is_output(const AnyDispatchedModel& m, const std::string& name) {
