@@ -21,7 +21,7 @@ namespace neml2::detail {
 /// Whether the systems of unknown groups `u` (`(B, ...)` each) are solved by
 /// minus_solve_lapack_rows rather than by a solve graph: on the CPU in double, above
 /// row_pass_max_unknowns (smaller ones are the row pass's, or safe in a graph: MKL
-/// factors them on one thread).
+/// factors them on one thread), where torch exports LAPACK's getrf and getrs.
 [[nodiscard]] bool solves_by_lapack_rows(std::span<const at::Tensor> u);
 
 /// -A^{-1} C per row, `(rows, n, m)`: A from its blocks `(rows or 1, n_r, n_u)` (residual
