@@ -3,7 +3,6 @@
 
 #include "implicit/lapack_rows.hpp"
 
-#include <algorithm>
 #include <limits>
 #include <stdexcept>
 
@@ -60,13 +59,9 @@ bool solves_by_lapack_rows(std::span<const at::Tensor> u) {
 at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
                                    const std::vector<at::Tensor>& c_blocks,
                                    std::size_t residual_groups) {
-  std::int64_t rows = 0;
-  for (const auto* list : {&a_blocks, &c_blocks})
-    for (const auto& t : *list)
-      rows = std::max(rows, t.size(0));
-  const Blocks a(a_blocks, 0, a_blocks.size(), residual_groups),
-      c(c_blocks, 0, c_blocks.size(), residual_groups);
-  const auto n = a.height, m = c.width;
+  const BlockSystems systems(a_blocks, c_blocks, residual_groups);
+  const auto &a = systems.a, &c = systems.c;
+  const auto rows = systems.rows, n = a.height, m = c.width;
   auto out = at::empty({rows, n, m}, at::kDouble);
   // A row-major is A^T column-major: getrf factors A^T, getrs solves (A^T)^T X = C, with C
   // and X column-major.
