@@ -3,7 +3,7 @@
 #   neml2_dispatch_add_artifact(<name> INPUT <file.i> MODEL <model>
 #                               [COMPILE_OPTIONS ...] [REFERENCE_OPTIONS ...] [NO_REFERENCE])
 #
-# compiles <file.i> with neml2-compile (cached outside the build tree by
+# compiles <file.i> (relative to the calling CMakeLists.txt, or absolute) with neml2-compile (cached outside the build tree by
 # tools/compile_artifact.py) into ${NEML2_DISPATCH_ARTIFACTS}/<name>/ and, unless
 # NO_REFERENCE, writes eager reference values into ${NEML2_DISPATCH_ARTIFACTS}/<name>.ref/
 # (cached the same way by tools/make_reference.py).
@@ -17,7 +17,7 @@ endif()
 function(neml2_dispatch_add_artifact name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "NO_REFERENCE" "INPUT;MODEL"
                         "COMPILE_OPTIONS;REFERENCE_OPTIONS")
-  set(input "${CMAKE_CURRENT_SOURCE_DIR}/${arg_INPUT}")
+  get_filename_component(input "${arg_INPUT}" ABSOLUTE BASE_DIR "${CMAKE_CURRENT_SOURCE_DIR}")
   set(out "${NEML2_DISPATCH_ARTIFACTS}/${name}")
   set(tools "${PROJECT_SOURCE_DIR}/tools")
   set(outputs "${out}.stamp")

@@ -11,6 +11,9 @@
 
 #include <unistd.h>
 
+#include <ATen/Parallel.h>
+#include <c10/util/ScopeExit.h>
+
 #include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
@@ -943,6 +946,31 @@ TEST_CASE("binned unknowns: a point's bins do not depend on the points beside it
     if (on_rows)
       test::check_close(together, *on_rows, "row pass against the tensor path", 1e-12);
     on_rows = together;
+  }
+}
+
+TEST_CASE("300 unknowns per point (binned_precipitation over 300 bins) at 1, 2 and 3 intra-op "
+          "threads: as eager NEML2, the same bits at each") {
+  // Above the row pass's size each point's LU is LAPACK's. Through the solve graph (torch's
+  // batched LU) it went wrong from 2 threads on, with the row pass on or off: MKL's LU
+  // threading itself inside torch's team gave wrong pivots, or never returned.
+  const test::Reference ref("binned_precipitation_300");
+  const auto s = session("binned_precipitation_300");
+  const auto restore = c10::make_scope_exit([threads = at::get_num_threads()] {
+    at::set_num_threads(threads);
+  });
+  std::vector<TensorMap> at_one_thread;
+  for (const int threads : {1, 2, 3}) {
+    CAPTURE(threads);
+    at::set_num_threads(threads);
+    for (int n = 0; n < 6; ++n) {
+      const auto out = s.forward(ref.group(step(n) + "/in"));
+      test::check_close(out, ref.group(step(n) + "/out"), step(n), 1e-8);
+      if (threads == 1)
+        at_one_thread.push_back(out);
+      else
+        CHECK(test::identical(out, at_one_thread.at(n)));
+    }
   }
 }
 

@@ -10,6 +10,9 @@
 #include <functional>
 #include <thread>
 
+#include <ATen/Parallel.h>
+#include <c10/util/ScopeExit.h>
+
 #include "cube_root.hpp"
 #include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
@@ -443,7 +446,8 @@ TEST_CASE("a lane buffer takes the storage one let go before on its thread, neve
       .join();
 }
 
-TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major blocks") {
+TEST_CASE("-A^{-1} C per row from blocks, by the row pass's LU and by LAPACK's: groups, a "
+          "batch of one, column-major blocks") {
   // Residual groups of 3 and 2 rows, unknown groups of 2 and 3, column groups of 1 and 4.
   at::manual_seed(5);
   const std::int64_t rows = 6;
@@ -462,18 +466,43 @@ TEST_CASE("-A^{-1} C per row from blocks: groups, a batch of one, column-major b
   a_blocks[1] = a_blocks[1].transpose(1, 2).contiguous().transpose(1, 2); // column-major
   c_blocks[3] = c_blocks[3].narrow(0, 0, 1);                              // one for every row
   auto expected = -at::linalg_solve(a, c);
-  test::check_close(neml2::detail::minus_solve_rows(a_blocks, c_blocks, 2), expected, "-A^-1 C",
-                    1e-12);
+  auto singular_blocks = a_blocks;
+  singular_blocks[0] = singular_blocks[0].clone();
+  singular_blocks[2] = singular_blocks[2].clone();
+  singular_blocks[0][4].zero_(); // row 4's first two columns are zero: singular
+  singular_blocks[2][4].zero_();
+  for (const auto& [name, minus_solve] :
+       {std::pair{"the row pass's LU", &neml2::detail::minus_solve_rows},
+        std::pair{"LAPACK's", &neml2::detail::minus_solve_lapack_rows}}) {
+    CAPTURE(name);
+    test::check_close(minus_solve(a_blocks, c_blocks, 2), expected, "-A^-1 C", 1e-12);
+    const auto singular = minus_solve(singular_blocks, c_blocks, 2);
+    CHECK(at::isnan(singular[4]).all().item<bool>());
+    const auto others = at::tensor({0, 1, 2, 3, 5}, at::kLong);
+    test::check_close(singular.index_select(0, others), expected.index_select(0, others),
+                      "the other rows", 1e-12);
+  }
+}
 
-  a_blocks[0] = a_blocks[0].clone();
-  a_blocks[2] = a_blocks[2].clone();
-  a_blocks[0][4].zero_(); // row 4's first two columns are zero: singular
-  a_blocks[2][4].zero_();
-  const auto singular = neml2::detail::minus_solve_rows(a_blocks, c_blocks, 2);
-  CHECK(at::isnan(singular[4]).all().item<bool>());
-  const auto others = at::tensor({0, 1, 2, 3, 5}, at::kLong);
-  test::check_close(singular.index_select(0, others), expected.index_select(0, others),
-                    "the other rows", 1e-12);
+TEST_CASE("LAPACK's rows: 300 unknowns, the same bits at 1, 2 and 3 intra-op threads") {
+  // The size of NEML2's KWN example, where MKL's LU opens threads of its own.
+  at::manual_seed(6);
+  const auto a = at::randn({3, 300, 300}, at::kDouble) + 30 * at::eye(300, at::kDouble);
+  const auto c = at::randn({3, 300, 2}, at::kDouble);
+  const auto restore = c10::make_scope_exit([threads = at::get_num_threads()] {
+    at::set_num_threads(threads);
+  });
+  at::Tensor at_one_thread;
+  for (const int n : {1, 2, 3}) {
+    CAPTURE(n);
+    at::set_num_threads(n);
+    const auto x = neml2::detail::minus_solve_lapack_rows({a}, {c}, 1);
+    test::check_close(at::matmul(a, x), -c, "A x = -c", 1e-12);
+    if (n == 1)
+      at_one_thread = x;
+    else
+      CHECK(test::identical(x, at_one_thread));
+  }
 }
 
 TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every unknown group") {
@@ -498,6 +527,11 @@ TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every un
   CHECK_FALSE(neml2::detail::runs_on_rows(std::vector{at::zeros({3, 1}, at::kFloat)}, config));
   config.row_pass = false;
   CHECK_FALSE(neml2::detail::runs_on_rows(groups({1}), config));
+  // Above it, LAPACK's rows on the CPU, with the row pass asked off too.
+  CHECK(neml2::detail::solves_by_lapack_rows(groups({max - 24, 25})));
+  CHECK(neml2::detail::solves_by_lapack_rows(std::vector{at::zeros({3, 8, 9}, at::kDouble)}));
+  CHECK_FALSE(neml2::detail::solves_by_lapack_rows(groups({max})));
+  CHECK_FALSE(neml2::detail::solves_by_lapack_rows(std::vector{at::zeros({3, 65}, at::kFloat)}));
 }
 
 TEST_CASE("which graph checks the rows changes the calls, never the bits, on every implicit "

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "implicit/host_reads.hpp"
+#include "implicit/lapack_rows.hpp"
 #include "implicit/newton_rows.hpp"
 
 namespace neml2::detail {
@@ -156,6 +157,21 @@ at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
   return alpha;
 }
 
+// A direct Newton step du per unknown group, A du = b: the solve graph, or on the CPU
+// above the row pass's size LAPACK row by row (lapack_rows.hpp: torch's batched LU in the
+// graph goes wrong there on several intra-op threads). Block-structured groups keep the
+// solve graph: their A is per-entry blocks, eliminated entry by entry (Schur complement).
+std::vector<at::Tensor> direct_step(const NewtonGraphs& graphs, const WorkingSet& w) {
+  if (!graphs.dense_blocks || !solves_by_lapack_rows(w.u))
+    return graphs.solve(w.jacobian);
+  const auto b_first = w.jacobian.begin() + static_cast<std::ptrdiff_t>(graphs.a_blocks);
+  const std::vector<at::Tensor> a(w.jacobian.begin(), b_first);
+  std::vector<at::Tensor> b; // (rows, n_r, 1): one right-hand side
+  for (auto it = b_first; it != w.jacobian.end(); ++it)
+    b.push_back(it->unsqueeze(2));
+  return split(minus_solve_lapack_rows(a, b, b.size()).squeeze(2).neg(), w.u);
+}
+
 bool worth_compacting(const WorkingSet& w, double compact_below) {
   return w.n_active > 0 && w.n_active < w.rows() &&
          static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
@@ -248,7 +264,7 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
       w.jacobian = operands(graph_args(w.u, w.givens, params));
   }
   for (std::int64_t it = 1; it < config.miters && w.n_active > 0; ++it) {
-    auto du = krylov ? krylov_step(graphs, w, params, config.krylov) : graphs.solve(w.jacobian);
+    auto du = krylov ? krylov_step(graphs, w, params, config.krylov) : direct_step(graphs, w);
     // ls_max_iters = 2 evaluates alpha = 1 only and takes it: the full step, as with 1.
     if (config.ls_max_iters > 2) {
       const auto alpha = line_search(graphs, w, du, params, config).unsqueeze(1);

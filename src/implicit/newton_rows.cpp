@@ -389,13 +389,17 @@ private:
 
 } // namespace
 
-bool runs_on_rows(std::span<const at::Tensor> u, const SolverConfig& config) {
-  const auto& like = u.front();
-  std::int64_t unknowns = 0; // per row: each group's sizes after the batch axis
+std::int64_t unknowns_per_row(std::span<const at::Tensor> u) {
+  std::int64_t unknowns = 0;
   for (const auto& t : u)
     unknowns += c10::multiply_integers(t.sizes().slice(std::min<std::int64_t>(t.dim(), 1)));
+  return unknowns;
+}
+
+bool runs_on_rows(std::span<const at::Tensor> u, const SolverConfig& config) {
+  const auto& like = u.front();
   return config.row_pass && like.device().is_cpu() && like.scalar_type() == at::kDouble &&
-         unknowns <= row_pass_max_unknowns;
+         unknowns_per_row(u) <= row_pass_max_unknowns;
 }
 
 bool runs_on_rows(const NewtonGraphs& graphs, std::span<const at::Tensor> u,

@@ -20,9 +20,13 @@ namespace neml2::detail {
 
 /// The most unknowns per row the row pass solves. Its LU (row_lu.hpp, several rows in
 /// SIMD lanes) beats batched LAPACK up to about 64 unknowns and loses beyond (1.5x at 128,
-/// 4x at 300: docs/performance.md); larger systems take the tensor path, whose solve
-/// graph is LAPACK's.
+/// 4x at 300: docs/performance.md); larger systems take the tensor path, their solves
+/// LAPACK's, row by row on the CPU (lapack_rows.hpp).
 inline constexpr std::int64_t row_pass_max_unknowns = 64;
+
+/// The unknowns per row of the unknown groups `u` (`(B, ...)` each): every group's sizes
+/// after the batch axis, multiplied, summed.
+[[nodiscard]] std::int64_t unknowns_per_row(std::span<const at::Tensor> u);
 
 /// Whether the unknown groups `u` (`(B, n)` each) are solved on rows: on the CPU, in double
 /// (the precision NEML2 compiles implicit models in), at most row_pass_max_unknowns over

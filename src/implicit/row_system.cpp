@@ -40,13 +40,9 @@ std::vector<at::Tensor> call_for_rows(const GraphFn& graph, const std::vector<at
 
 at::Tensor minus_solve_rows(const std::vector<at::Tensor>& a_blocks,
                             const std::vector<at::Tensor>& c_blocks, std::size_t residual_groups) {
-  std::int64_t rows = 1;
-  for (const auto* list : {&a_blocks, &c_blocks})
-    for (const auto& t : *list)
-      rows = std::max(rows, t.size(0));
-  const Blocks a(a_blocks, 0, a_blocks.size(), residual_groups),
-      c(c_blocks, 0, c_blocks.size(), residual_groups);
-  const auto n = a.height, m = c.width;
+  const BlockSystems systems(a_blocks, c_blocks, residual_groups);
+  const auto &a = systems.a, &c = systems.c;
+  const auto rows = systems.rows, n = a.height, m = c.width;
   auto out = at::empty({rows, n, m}, a.blocks.front().tensor.options());
   double* x = out.data_ptr<double>();
   const auto lanes = lanes_for(rows);

@@ -87,6 +87,22 @@ struct Blocks {
   }
 };
 
+// The operands of -A^{-1} C per row (minus_solve_rows, minus_solve_lapack_rows): A's
+// blocks and C's, and the rows they cover (a block of one row stands for every row).
+struct BlockSystems {
+  Blocks a, c;
+  std::int64_t rows = 0;
+
+  BlockSystems(const std::vector<at::Tensor>& a_blocks, const std::vector<at::Tensor>& c_blocks,
+               std::size_t residual_groups)
+      : a(a_blocks, 0, a_blocks.size(), residual_groups)
+      , c(c_blocks, 0, c_blocks.size(), residual_groups) {
+    for (const auto* list : {&a_blocks, &c_blocks})
+      for (const auto& t : *list)
+        rows = std::max(rows, t.size(0));
+  }
+};
+
 // b = -r per residual group: each row's ||b||, and <b, x>.
 struct Residual {
   std::vector<View> groups;

@@ -1,12 +1,13 @@
 #pragma once
 
 // The library's private parts that tests reach into (src/ is on the tests' include path):
-// the Newton loop (and its row pass's systems and kernels) and GMRES over graphs written in
+// the Newton loop (and its row pass's systems and kernels, LAPACK's rows) and GMRES over graphs written in
 // a test, one graph, the call protocol, the result memory, and the worker pool's threads.
 
 #include "core/worker_pool.hpp"
 #include "engine/placement.hpp"
 #include "graph/graph.hpp"
+#include "implicit/lapack_rows.hpp"
 #include "implicit/newton.hpp"
 #include "implicit/newton_rows.hpp"
 #include "implicit/row_lu.hpp"

@@ -1,0 +1,94 @@
+// Large dense systems on the CPU, one row at a time by LAPACK held to the calling thread
+// (lapack_rows.hpp says why not torch's batched LU).
+
+#include "implicit/lapack_rows.hpp"
+
+#include <limits>
+#include <stdexcept>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include "implicit/newton_rows.hpp"
+#include "implicit/row_system.hpp"
+
+// What torch links: LAPACK's LU (declared as torch declares them) and MKL's threads for
+// the calling thread alone (it returns the setting it replaces; 0 is MKL's global one).
+// Weak: a torch that exports no LAPACK keeps the solve graphs, and one without MKL has
+// nothing to hold (its LAPACK does not thread itself inside an OpenMP team).
+extern "C" {
+void dgetrf_(int* m, int* n, double* a, int* lda, int* ipiv, int* info) __attribute__((weak));
+void dgetrs_(char* trans, int* n, int* nrhs, double* a, int* lda, int* ipiv, double* b, int* ldb,
+             int* info) __attribute__((weak));
+int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));
+}
+
+namespace neml2::detail {
+namespace {
+
+// While it lives, MKL's LAPACK runs on this thread alone: each row's LU the same
+// operations at any intra-op thread count, and no team of its own.
+class LapackOnThisThread {
+public:
+  LapackOnThisThread() {
+    // torch sets a thread's MKL threads at its first parallel call there (at::set_num_threads
+    // again): let that be now, not inside a solve.
+    (void)at::get_num_threads();
+    if (MKL_Set_Num_Threads_Local)
+      _before = MKL_Set_Num_Threads_Local(1);
+  }
+  ~LapackOnThisThread() {
+    if (MKL_Set_Num_Threads_Local)
+      MKL_Set_Num_Threads_Local(_before);
+  }
+  LapackOnThisThread(const LapackOnThisThread&) = delete;
+  LapackOnThisThread& operator=(const LapackOnThisThread&) = delete;
+
+private:
+  int _before = 0;
+};
+
+} // namespace
+
+bool solves_by_lapack_rows(std::span<const at::Tensor> u) {
+  const auto& like = u.front();
+  return dgetrf_ && dgetrs_ && like.is_cpu() && like.scalar_type() == at::kDouble &&
+         unknowns_per_row(u) > row_pass_max_unknowns;
+}
+
+at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
+                                   const std::vector<at::Tensor>& c_blocks,
+                                   std::size_t residual_groups) {
+  const BlockSystems systems(a_blocks, c_blocks, residual_groups);
+  const auto &a = systems.a, &c = systems.c;
+  const auto rows = systems.rows, n = a.height, m = c.width;
+  auto out = at::empty({rows, n, m}, at::kDouble);
+  // A row-major is A^T column-major: getrf factors A^T, getrs solves (A^T)^T X = C, with C
+  // and X column-major.
+  std::vector<double> lu(n * n), x(n * m), c_row(n * m);
+  std::vector<int> pivots(n);
+  int order = static_cast<int>(n), columns = static_cast<int>(m), info = 0;
+  char transpose = 'T';
+  const LapackOnThisThread one_thread;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    a.fill(i, lu.data());
+    c.fill(i, c_row.data());
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t k = 0; k < m; ++k)
+        x[r + k * n] = c_row[r * m + k];
+    dgetrf_(&order, &order, lu.data(), &order, pivots.data(), &info);
+    if (info < 0)
+      throw std::logic_error("LAPACK's dgetrf refused an argument");
+    const bool regular = info == 0; // else a zero pivot: no solution
+    if (regular)
+      dgetrs_(&transpose, &order, &columns, lu.data(), &order, pivots.data(), x.data(), &order,
+              &info);
+    double* solved = out.data_ptr<double>() + i * n * m;
+    for (std::int64_t r = 0; r < n; ++r)
+      for (std::int64_t k = 0; k < m; ++k)
+        solved[r * m + k] = regular ? -x[r + k * n] : std::numeric_limits<double>::quiet_NaN();
+  }
+  return out;
+}
+
+} // namespace neml2::detail

@@ -1,0 +1,35 @@
+#pragma once
+
+// Dense systems larger than the row pass solves, on the CPU: LAPACK's LU (getrf, getrs:
+// what NEML2's solve graphs reach through torch's _linalg_solve_ex) one row at a time on
+// the calling thread, LAPACK held to that thread. Not the solve graphs: torch's batched LU
+// splits its matrices over the intra-op OpenMP team, and once at::set_num_threads has run
+// (it turns MKL's dynamic threading off), MKL's getrf of a matrix over 150 unknowns opens
+// threads of its own inside that team; concurrent factorizations then corrupt each other's
+// pivots ("Intel oneMKL ERROR: Parameter 6 was incorrect on entry to DLASWP", lu_solve's
+// pivot check) or never return. Private to src/implicit/.
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+namespace neml2::detail {
+
+/// Whether the systems of unknown groups `u` (`(B, ...)` each) are solved by
+/// minus_solve_lapack_rows rather than by a solve graph: on the CPU in double, above
+/// row_pass_max_unknowns (smaller ones are the row pass's, or safe in a graph: MKL
+/// factors them on one thread), where torch exports LAPACK's getrf and getrs.
+[[nodiscard]] bool solves_by_lapack_rows(std::span<const at::Tensor> u);
+
+/// -A^{-1} C per row, `(rows, n, m)`: A from its blocks `(rows or 1, n_r, n_u)` (residual
+/// groups outer, unknown groups inner), C from its `(rows or 1, n_r, n_c)` blocks,
+/// `residual_groups` of them. A row whose A is singular gets NaN. The same values at any
+/// intra-op thread count.
+[[nodiscard]] at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
+                                                 const std::vector<at::Tensor>& c_blocks,
+                                                 std::size_t residual_groups);
+
+} // namespace neml2::detail
