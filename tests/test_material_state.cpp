@@ -26,10 +26,14 @@ struct History {
   bool derivatives;
 };
 constexpr History histories[] = {
-    {"scalar_backward_euler", 4, true},   {"j2_radial_return", 5, true},
-    {"perzyna_viscoplasticity", 5, true}, {"chaboche_viscoplasticity", 5, true},
-    {"perzyna_gmres", 5, true},           {"binned_precipitation", 6, false},
-    {"slip_systems", 5, false},           {"gtn_viscoplasticity", 5, true},
+    {"scalar_backward_euler", 4, true},
+    {"j2_radial_return", 5, true},
+    {"perzyna_viscoplasticity", 5, true},
+    {"chaboche_viscoplasticity", 5, true},
+    {"perzyna_gmres", 5, true},
+    {"binned_precipitation", 6, false},
+    {"slip_systems", 5, false},
+    {"gtn_viscoplasticity", 5, true},
     {"grains", 5, false},
 };
 
@@ -184,6 +188,10 @@ TEST_CASE("accept and reject: a rejected step leaves the start bit for bit; a st
   CHECK_FALSE(state.pending());
   CHECK(test::identical(state.start(), before));
   CHECK_THROWS_AS(state.accept(), FatalError);
+  // Nothing pending: reject() refuses as accept() does (issue 51), the start untouched.
+  CHECK(test::contains(test::fatal_message([&] { state.reject(); }),
+                       "MaterialState::reject(): no step is pending; call step() first"));
+  CHECK(test::identical(state.start(), before));
 
   // A step replaces the trial before it: residual evaluations of one time step, then accept.
   state.step(driven(state, ref.group("s2/in")));

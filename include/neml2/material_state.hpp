@@ -164,7 +164,7 @@ public:
   /// The same for `points` only: an `(N,)` bool mask or int64 indices, each a point that
   /// converged (checked before anything is written).
   void accept(const at::Tensor& points);
-  /// Drops the trial: the start stays as it was.
+  /// Drops the trial: the start stays as it was. A FatalError when no step is pending.
   void reject();
 
 private:

@@ -271,6 +271,9 @@ const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions
 
 void MaterialState::reject() {
   refuse_while_submitted("reject");
+  if (!_pending)
+    throw FatalError("MaterialState::reject(): no step is pending; call step() first (a step is "
+                     "accepted or rejected once)");
   _pending = false;
 }
 
