@@ -4,10 +4,12 @@
 #include "implicit/lapack_rows.hpp"
 
 #include <limits>
-#include <stdexcept>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
+
+#include <neml2/errors.hpp>
 
 #include "implicit/newton_rows.hpp"
 #include "implicit/row_system.hpp"
@@ -78,7 +80,9 @@ at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
         x[r + k * n] = c_row[r * m + k];
     dgetrf_(&order, &order, lu.data(), &order, pivots.data(), &info);
     if (info < 0)
-      throw std::logic_error("LAPACK's dgetrf refused an argument");
+      throw FatalError(fmt::format("LAPACK's dgetrf refused argument {} of a {} x {} system (row "
+                                   "{}): a bug in neml2-dispatch's row solve, please report it",
+                                   -info, n, n, i));
     const bool regular = info == 0; // else a zero pivot: no solution
     if (regular)
       dgetrs_(&transpose, &order, &columns, lu.data(), &order, pivots.data(), x.data(), &order,
