@@ -157,9 +157,18 @@ if(NOT TARGET neml2_dispatch::torch)
     list(APPEND _always_loaded "${_lib}/libtorch_cuda.so" "${_lib}/libc10_cuda.so")
     target_compile_definitions(neml2_dispatch::torch INTERFACE NEML2_DISPATCH_WITH_CUDA=1)
   endif()
+  # Torch's OpenMP runtime (a wheel's libgomp.so.1, LibTorch's libgomp-<hash>.so.1): the
+  # library's CPU lanes run on its team, so that torch's loops inside a lane see the region.
+  file(GLOB _gomp "${_lib}/libgomp.so.1" "${_lib}/libgomp-*.so.1")
+  if(NOT _gomp)
+    message(FATAL_ERROR "neml2_dispatch: no libgomp in ${_lib}; the library runs its CPU "
+                        "lanes on torch's OpenMP runtime: use a torch built with OpenMP "
+                        "(every torch wheel for Linux is)")
+  endif()
+  list(GET _gomp 0 _gomp)
   target_link_libraries(neml2_dispatch::torch INTERFACE
     "-Wl,--no-as-needed" ${_always_loaded} "-Wl,--as-needed"
-    "${_lib}/libtorch_cpu.so" "${_lib}/libc10.so")
+    "${_lib}/libtorch_cpu.so" "${_lib}/libc10.so" "${_gomp}")
   target_compile_definitions(neml2_dispatch::torch INTERFACE _GLIBCXX_USE_CXX11_ABI=1)
   message(STATUS "neml2_dispatch: torch ${NEML2_DISPATCH_TORCH_VERSION} at "
                  "${NEML2_DISPATCH_TORCH_DIR} (from ${_torch_found_by}; CUDA runner: ${_with_cuda})")

@@ -116,7 +116,6 @@ std::exception_ptr thrown(F&& f) {
   return nullptr;
 }
 
-
 // A call stopped by its interrupt check (thrown at its second question), a foreign throw,
 // a check that lets the call go on, a call of one chunk, then the model unchanged: for a
 // model that runs "rates" in chunks of 3 rows.
@@ -126,7 +125,8 @@ void check_interrupts(Model& m, const test::Reference& ref) {
   const auto expected = m.forward(in);
   std::vector<std::size_t> started;
   int asked = 0;
-  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) { started.push_back(e.index); });
+  neml2::detail::ModelAccess::before_chunk(
+      m, [&](const ChunkEvent& e) { started.push_back(e.index); });
   m.set_interrupt_check([&] {
     if (++asked == 2)
       throw FatalError("interrupted by the host");
@@ -557,19 +557,22 @@ TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is
     const auto out = model.forward(in);
     return std::pair{counting.live - before, counting.peak - before};
   };
-  const auto [whole_kept, whole_peak] = measure(load_model(stub, "eq", SyncChunking{}));
+  const auto [whole_kept, whole_peak] =
+      measure(load_model(stub, "eq", SyncChunking{.cpu_lanes = 1}));
   CHECK(whole_kept == outputs);
   CHECK(whole_peak == outputs);
   const auto [chunked_kept, chunked_peak] =
-      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024, .cpu_lanes = 1}));
   CHECK(chunked_kept == outputs);
   CHECK(chunked_peak == outputs + chunk);
-  const auto [pool_kept, pool_peak] = measure(
-      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
+  const auto [pool_kept, pool_peak] = measure(load_model(
+      stub, "eq",
+      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}, .cpu_lanes = 1}));
   CHECK(pool_kept == outputs);
   CHECK(pool_peak == outputs + chunk);
-  const auto [direct_kept, direct_peak] = measure(
-      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1 << 14}}));
+  const auto [direct_kept, direct_peak] = measure(load_model(
+      stub, "eq",
+      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1 << 14}, .cpu_lanes = 1}));
   CHECK(direct_kept == outputs);
   CHECK(direct_peak == outputs); // one chunk in place: the graph's results, handed over
   // Into the caller's tensors: nothing kept; chunked, one chunk's results at a time.
@@ -583,18 +586,19 @@ TEST_CASE("memory of one call: the outputs, plus one chunk's results while it is
     return std::pair{counting.live - before, counting.peak - before};
   };
   const auto [chunked_into_kept, chunked_into_peak] =
-      measure_into(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+      measure_into(load_model(stub, "eq", SyncChunking{.batch_size = 1024, .cpu_lanes = 1}));
   CHECK(chunked_into_kept == 0);
   CHECK(chunked_into_peak == chunk);
-  const auto [pool_into_kept, pool_into_peak] = measure_into(
-      load_model(stub, "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}}));
+  const auto [pool_into_kept, pool_into_peak] = measure_into(load_model(
+      stub, "eq",
+      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {1024}, .cpu_lanes = 1}));
   CHECK(pool_into_kept == 0);
   CHECK(pool_into_peak == chunk);
   // With result memory kept, a call after the first takes the outputs the one before gave
   // back: nothing new kept, one chunk's results at a time.
   set_result_memory_limit(limit);
   const auto [reused_kept, reused_peak] =
-      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024}));
+      measure(load_model(stub, "eq", SyncChunking{.batch_size = 1024, .cpu_lanes = 1}));
   CHECK(reused_kept == 0);
   CHECK(reused_peak == chunk);
   c10::SetCPUAllocator(counting.base, /*priority=*/101);
@@ -719,11 +723,12 @@ TEST_CASE("callbacks that call back: a synchronous model's observer may call its
 TEST_CASE("an interrupt check stops a call between chunks, under either kind of policy") {
   const test::Reference ref("rates");
   SUBCASE("SyncChunking") {
-    auto m = load("rates", "eq", SyncChunking{.batch_size = 3});
+    auto m = load("rates", "eq", SyncChunking{.batch_size = 3, .cpu_lanes = 1});
     check_interrupts(m, ref);
   }
   SUBCASE("GreedyPriorityCapacity") {
-    auto m = load("rates", "eq", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}});
+    auto m = load("rates", "eq",
+                  GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}, .cpu_lanes = 1});
     check_interrupts(m, ref);
   }
 }
@@ -739,7 +744,9 @@ TEST_CASE("an interrupt check stops a whole-batch call between its cache-sized p
     throw FatalError("interrupted by the host");
   });
   auto out = at::full_like(expected, std::numeric_limits<double>::quiet_NaN());
-  CHECK(contains(test::fatal_message([&] { m.forward_into(in, {{"stress", out}}); }),
+  CHECK(contains(test::fatal_message([&] {
+                   m.forward_into(in, {{"stress", out}});
+                 }),
                  "interrupted by the host"));
   CHECK(asked == 1); // before the second piece
   const auto written = out.isnan().any(1).logical_not().sum().item<std::int64_t>();

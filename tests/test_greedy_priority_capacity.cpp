@@ -215,8 +215,9 @@ TEST_CASE("two callers' CPU chunks run one at a time, even when the capacity all
 }
 
 TEST_CASE("the CPU lane runs exactly the chunks it was given, and nothing else runs") {
-  auto m = load_model(test::stub("elasticity", "elasticity"), "elasticity",
-                      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4096}});
+  auto m =
+      load_model(test::stub("elasticity", "elasticity"), "elasticity",
+                 GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {4096}, .cpu_lanes = 1});
   Chunks chunks;
   m.set_observer(chunks.observer());
   const auto in = TensorMap{{"strain", 1e-3 * at::rand({10000, 6}, at::kDouble)}};

@@ -9,10 +9,9 @@
 #include <optional>
 #include <sstream>
 
-#include <unistd.h>
-
 #include <ATen/Parallel.h>
 #include <c10/util/ScopeExit.h>
+#include <unistd.h>
 
 #include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
@@ -799,7 +798,8 @@ TEST_CASE("converged rows are not evaluated again: the graphs see only the rows 
   std::vector<double> a(64, 0.25);
   for (std::size_t k = 0; k < 8; ++k)
     a[8 * k + 3] = k % 2 ? 40.0 : 2.0;
-  auto m = load_model(test::stub("scalar_backward_euler", "model"), "model");
+  auto m = load_model(test::stub("scalar_backward_euler", "model"), "model",
+                      SyncChunking{.cpu_lanes = 1}); // one graph call at a time
   const auto calls = [&](double compact_below) {
     auto config = m.solver_config();
     config.row_pass = false; // the tensor path (tests/test_row_pass.cpp: the CPU's row pass)
@@ -956,9 +956,8 @@ TEST_CASE("300 unknowns per point (binned_precipitation over 300 bins) at 1, 2 a
   // threading itself inside torch's team gave wrong pivots, or never returned.
   const test::Reference ref("binned_precipitation_300");
   const auto s = session("binned_precipitation_300");
-  const auto restore = c10::make_scope_exit([threads = at::get_num_threads()] {
-    at::set_num_threads(threads);
-  });
+  const auto restore =
+      c10::make_scope_exit([threads = at::get_num_threads()] { at::set_num_threads(threads); });
   std::vector<TensorMap> at_one_thread;
   for (const int threads : {1, 2, 3}) {
     CAPTURE(threads);

@@ -527,7 +527,7 @@ TEST_CASE("results land in the caller's dense tensors and in kept memory: every 
   // chunk rows -> graph calls whose results can land: chunks of 1 row are padded to 2.
   for (const auto& [rows, chunks] : {std::pair{0, 1}, {4, 8}, {16, 2}}) {
     CAPTURE(rows);
-    const auto m = load_model(stub, "elasticity", SyncChunking{.batch_size = rows});
+    const auto m = load_model(stub, "elasticity", SyncChunking{.batch_size = rows, .cpu_lanes = 1});
     const auto expected = session.forward(in);
     test::check_close(expected, ref.group("b33/out"), "forward", 1e-12);
 

@@ -28,13 +28,18 @@ struct ChunkEvent {
   std::int64_t first = 0;       ///< first row of the batch
   std::int64_t rows = 0;        ///< number of rows
   double seconds = 0;           ///< from taking the rows to the results in place
+  /// The CPU lane that ran it: 0 is the calling thread (and every chunk off the CPU). A
+  /// chunk the library cut into pieces over the lanes (a whole batch, an asynchronous
+  /// policy's CPU chunk) is one event, of lane 0.
+  std::size_t lane = 0;
 };
 
 /// Called once per chunk. With an asynchronous policy, from worker threads and from the
 /// calling thread (which runs the CPU's chunks), serialized by the model's lock: it may call
 /// models of synchronous policies only (a FatalError otherwise). With a synchronous one, on
 /// the calling thread (so concurrently when several threads call one model: guard what the
-/// observer writes); it may call any model, its own included.
+/// observer writes); it may call any model, its own included. A synchronous call whose
+/// chunks run on several CPU lanes calls it from each lane's thread, one chunk at a time.
 using ChunkObserver = std::function<void(const ChunkEvent&)>;
 
 /// Asked between a call's chunks whether the call goes on: it returns to go on and throws

@@ -42,7 +42,10 @@
 /// and `chunks_in_flight(std::size_t device) const`, how many chunks may run at once on an
 /// accelerator (1 to 1024, default 1; asked once per accelerator when a model is made, of a
 /// policy of either mode): the loader runners of its session, so that many calls from
-/// several threads run there at once, and for an asynchronous policy as many workers. What each answer means, and its
+/// several threads run there at once, and for an asynchronous policy as many workers;
+/// `cpu_lanes` (a data member or a `const` member function), how many threads run the CPU's
+/// chunks side by side (0 to 1024; 0, the default: torch's intra-op thread count at each
+/// call). What each answer means, and its
 /// checks, are detail/policy_protocol.hpp's: a model, the simulator and the Python adapter
 /// ask alike.
 
@@ -73,6 +76,10 @@ struct ChunkChoice {
 /// The most chunks an asynchronous policy may keep in flight on one accelerator
 /// (`chunks_in_flight(d)`; a worker each).
 inline constexpr std::int64_t max_chunks_in_flight = 1024;
+
+/// The most lanes a policy may ask for its CPU chunks (`cpu_lanes`, a data member or a member
+/// function; 0 or none: torch's intra-op thread count, at::get_num_threads(), at each call).
+inline constexpr std::int64_t max_cpu_lanes = 1024;
 
 /// The state of a policy that keeps none.
 struct no_state {};

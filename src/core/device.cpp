@@ -39,9 +39,9 @@ void validate_device_pool(std::span<const Device> devices, std::string_view who)
                                   [](const Device& d) { return d.family() == DeviceFamily::cpu; });
   if (cpus > 1)
     throw FatalError(fmt::format("{} {} lists the CPU {} times (cpu and cpu:0 are the same "
-                                 "device); a pool takes at most one CPU, because one CPU worker "
-                                 "already uses every core through torch's intra-op threads: "
-                                 "keep one",
+                                 "device); a pool takes at most one CPU, whose chunks already run "
+                                 "on all of its lanes (cpu_lanes; by default one per intra-op "
+                                 "thread): keep one",
                                  who, listed(), cpus));
   for (auto family : known_device_families) {
     if (!is_accelerator(family))

@@ -2,13 +2,19 @@
 
 #include "engine/chunk_runner.hpp"
 
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
 #include <optional>
 
 #include <ATen/ATen.h>
 
 #include <neml2/detail/policy_protocol.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "core/device_sync.hpp"
+#include "core/stopwatch.hpp"
 #include "session/call_protocol.hpp"
 
 namespace neml2::detail {
@@ -35,32 +41,89 @@ Outcome run_rows(const ModelCore::State& core, const ChunkEvent* event, Operatio
 }
 
 void add(Gatherer& results, std::size_t index, std::int64_t first, std::int64_t rows,
-         Outcome&& outcome) {
+         Outcome&& outcome, std::size_t piece = 0) {
   if (outcome.failed)
-    results.add_failed_rows(index, first, rows, *outcome.failed);
+    results.add_failed_rows(index, first, rows, *outcome.failed, piece);
   else
-    results.add(index, first, rows, outcome.results);
+    results.add(index, first, rows, outcome.results, piece);
 }
 
-// The whole call on the CPU in pieces of `piece` rows, one after the other: each piece's
-// results are copied into place while still in cache.
-std::vector<at::Tensor> run_pieces(const ModelCore::State& core, Operation op,
-                                   const BoundCall& call, std::size_t d, std::int64_t piece,
-                                   const std::vector<at::Tensor>& targets) {
-  Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/false, targets);
-  if (core.before_chunk) // the policy sees one chunk
-    core.before_chunk(core.event(0, d, 0, call.batch, 0));
-  ChunkArgs chunk;
-  for_each_chunk(call.batch, piece, [&](std::int64_t first, std::int64_t rows, std::size_t index) {
-    if (index > 0)
-      ask_interrupt_check(core);
-    take_rows(call, first, rows, core.compute[d], chunk);
-    add(results, index, first, rows,
-        run_rows(core, nullptr, op, d, chunk, results.places(first, rows)));
-  });
-  return std::move(results).finish();
+// Runs run(lane, i, first, n, chunk) for the pieces of `piece` rows covering rows
+// [first, first + rows), each on one of `lanes` lanes, taken in order; `chunk` is the
+// lane's own. The calling thread (lane 0) asks the interrupt check before each piece it
+// takes, but the first when `asks_first` is false. After a piece throws none starts, and
+// what the lowest of those that threw threw is rethrown: what one lane taking them in order
+// would have thrown.
+template <class Run>
+void on_lanes(const ModelCore::State& core, std::size_t lanes, std::int64_t first,
+              std::int64_t rows, std::int64_t piece, bool asks_first, const Run& run) {
+  if (rows <= 0 || piece <= 0)
+    return;
+  const auto pieces = (rows + piece - 1) / piece;
+  std::atomic<std::int64_t> next{0};
+  std::atomic<bool> stop{false};
+  std::mutex failed_mutex;
+  std::int64_t failed_index = pieces;
+  std::exception_ptr failed;
+  run_on_lanes(
+      std::min<std::size_t>(lanes, static_cast<std::size_t>(pieces)), [&](std::size_t lane) {
+        ChunkArgs chunk;
+        while (!stop.load(std::memory_order_relaxed)) {
+          const auto i = next.fetch_add(1);
+          if (i >= pieces)
+            return;
+          try {
+            if (lane == 0 && (i > 0 || asks_first)) {
+              try {
+                ask_interrupt_check(core);
+              } catch (...) {
+                stop = true; // the other lanes take no chunk from now on
+                throw;
+              }
+            }
+            const auto at = first + i * piece;
+            run(lane, static_cast<std::size_t>(i), at, std::min(piece, first + rows - at), chunk);
+          } catch (...) {
+            stop = true;
+            const std::lock_guard lock(failed_mutex);
+            if (i < failed_index) {
+              failed_index = i;
+              failed = std::current_exception();
+            }
+          }
+        }
+      });
+  if (failed)
+    std::rethrow_exception(failed);
+}
+
+// Rows [first, first + rows) of the call on the CPU in pieces of `piece` rows over the
+// lanes, into `results` as chunk `index` (the policy sees one chunk: no hook per piece).
+void run_pieces(const ModelCore::State& core, Operation op, const BoundCall& call,
+                Gatherer& results, std::size_t d, std::size_t lanes, std::int64_t first,
+                std::int64_t rows, std::int64_t piece, std::size_t index) {
+  on_lanes(core, lanes, first, rows, piece, /*asks_first=*/false,
+           [&](std::size_t, std::size_t i, std::int64_t at, std::int64_t n, ChunkArgs& chunk) {
+             take_rows(call, at, n, core.compute[d], chunk);
+             add(results, index, at, n,
+                 run_rows(core, nullptr, op, d, chunk, results.places(at, n)), i);
+           });
+}
+
+// The rows of the pieces a CPU call's rows run in (0: one piece).
+std::int64_t pieces_of(const ModelCore::State& core, const BoundCall& call, std::size_t d,
+                       std::int64_t rows) {
+  return piece_rows(call, core.sessions[d].dtype(), rows,
+                    CallProtocol::runs_chain(core.sessions[d]));
 }
 } // namespace
+
+std::size_t lanes_for(const ModelCore::State& core, std::size_t d) {
+  if (!core.compute[d].is_cpu())
+    return 1;
+  // No more than the graphs' runners: a lane beyond them would wait for one.
+  return std::min(cpu_lanes(core.cpu_lanes), CallProtocol::runners(core.sessions[d]));
+}
 
 BoundRequest bind(const ModelCore::State& core, Request& request) {
   const auto& session = core.sessions.front();
@@ -75,9 +138,14 @@ BoundRequest bind(const ModelCore::State& core, Request& request) {
 
 std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op, BoundCall& call,
                                   std::size_t d, const std::vector<at::Tensor>& targets) {
-  if (call.batch > min_piece_rows)
-    if (const auto piece = piece_rows(call, core.sessions[d].dtype()); piece > 0)
-      return run_pieces(core, op, call, d, piece, targets);
+  const auto lanes = lanes_for(core, d);
+  if (const auto piece = pieces_of(core, call, d, call.batch); piece > 0) {
+    Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/lanes > 1, targets);
+    if (core.before_chunk) // the policy sees one chunk
+      core.before_chunk(core.event(0, d, 0, call.batch, 0));
+    run_pieces(core, op, call, results, d, lanes, 0, call.batch, piece, 0);
+    return std::move(results).finish();
+  }
   ChunkArgs chunk;
   take_all(call, core.compute[d], chunk);
   const auto event = core.event(0, d, 0, call.batch, 0);
@@ -93,6 +161,46 @@ std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op, Bo
     throw_failed_rows(outcome.failed->converged_mask(), outcome.failed->worst_residual(),
                       std::move(results));
   return results;
+}
+
+void run_chunks(const ModelCore::State& core, Operation op, const BoundCall& call,
+                Gatherer& results, std::size_t d, std::int64_t rows) {
+  std::recursive_mutex observing; // the observer sees one chunk at a time (and may call back)
+  on_lanes(
+      core, lanes_for(core, d), 0, call.batch, rows, /*asks_first=*/false,
+      [&](std::size_t lane, std::size_t index, std::int64_t first, std::int64_t n,
+          ChunkArgs& chunk) {
+        const auto start = core.observer ? steady_clock::now() : steady_clock::time_point{};
+        take_rows(call, first, n, core.compute[d], chunk);
+        const auto event = core.event(index, d, first, n, 0, lane);
+        const auto on_cpu = core.compute[d].is_cpu();
+        add(results, index, first, n,
+            run_rows(core, &event, op, d, chunk, on_cpu ? results.places(first, n) : Places{}));
+        // Only the observer waits for an accelerator: without one, the next chunk is
+        // queued while this one runs (results gathered on the CPU wait in their copy).
+        if (core.observer) {
+          finished_on(core, d);
+          const auto seconds = seconds_since(start);
+          const std::lock_guard lock(observing);
+          core.observer(core.event(index, d, first, n, seconds, lane));
+        }
+      });
+}
+
+void run_chunk_on_lanes(const ModelCore::State& core, Operation op, const BoundCall& call,
+                        Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
+                        std::size_t index) {
+  const auto lanes = lanes_for(core, d);
+  const auto piece = pieces_of(core, call, d, rows);
+  if (piece == 0) {
+    ChunkArgs chunk;
+    take_rows(call, first, rows, core.compute[d], chunk);
+    run_chunk(core, op, chunk, results, d, first, index);
+    return;
+  }
+  if (core.before_chunk)
+    core.before_chunk(core.event(index, d, first, rows, 0));
+  run_pieces(core, op, call, results, d, lanes, first, rows, piece, index);
 }
 
 void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gatherer& results,

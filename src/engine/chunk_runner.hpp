@@ -24,17 +24,36 @@ struct BoundRequest {
 };
 [[nodiscard]] BoundRequest bind(const ModelCore::State& core, Request& request);
 
+/// The lanes a call on device `d` may use: the policy's cpu_lanes on the CPU (see
+/// cpu_lanes()), 1 elsewhere.
+[[nodiscard]] std::size_t lanes_for(const ModelCore::State& core, std::size_t d);
+
 /// The whole call as one chunk on device `d` (the inputs' device): no slicing, no copy
-/// (into `targets` when given); on the CPU a large batch runs in cache-sized pieces into
-/// kept memory or `targets`. Runs the before-chunk hook once.
+/// (into `targets` when given); on the CPU a large batch runs in pieces (see piece_rows())
+/// over the CPU's lanes, into kept memory or `targets`. Runs the before-chunk hook once.
 [[nodiscard]] std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op,
                                                 BoundCall& call, std::size_t d,
                                                 const std::vector<at::Tensor>& targets);
+
+/// The call's chunks of `rows` rows on device `d`, put in place in `results` (failed rows
+/// included), each on one of the CPU's lanes (one after another elsewhere). Each chunk runs
+/// the before-chunk hook, then is reported to the observer with its lane (one at a time);
+/// the calling thread asks the interrupt check before each chunk it takes after the first.
+/// After a chunk throws no chunk starts; what the first of them threw is rethrown.
+void run_chunks(const ModelCore::State& core, Operation op, const BoundCall& call,
+                Gatherer& results, std::size_t d, std::int64_t rows);
 
 /// One chunk taken onto device `d` (rows [first, first + rows) of the call), run and put
 /// in place in `results`, failed rows included. Runs the before-chunk hook first.
 void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gatherer& results,
                std::size_t d, std::int64_t first, std::size_t index);
+
+/// Chunk `index` (rows [first, first + rows) of the call) on the CPU device `d`, in pieces
+/// over its lanes (see piece_rows()), put in place in `results`. Runs the before-chunk hook
+/// once, for the whole chunk.
+void run_chunk_on_lanes(const ModelCore::State& core, Operation op, const BoundCall& call,
+                        Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
+                        std::size_t index);
 
 /// Asks the call's interrupt check, if any (InterruptCheck); what it throws leaves as one
 /// of the library's errors.

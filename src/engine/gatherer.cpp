@@ -38,7 +38,7 @@ Gatherer::Gatherer(const BoundCall& call, c10::ScalarType dtype, bool concurrent
 }
 
 void Gatherer::add(std::size_t index, std::int64_t first, std::int64_t rows,
-                   const std::vector<at::Tensor>& chunk) {
+                   const std::vector<at::Tensor>& chunk, std::size_t piece) {
   for (std::size_t i = 0; i < _results.size(); ++i)
     if (_call.slots()[i].gather == Gather::rows)
       copy_rows(_results[i].narrow(0, first, rows), chunk[i]);
@@ -49,14 +49,14 @@ void Gatherer::add(std::size_t index, std::int64_t first, std::int64_t rows,
         _into ? void(_results[i].copy_(chunk[i])) : void(_results[i] = chunk[i]);
         _shared_taken[i] = true;
       } else if (_call.slots()[i].gather == Gather::sum)
-        _sums[index].push_back(chunk[i].sum(0));
+        _sums[{index, piece}].push_back(chunk[i].sum(0));
   }
 }
 
 void Gatherer::add_failed_rows(std::size_t index, std::int64_t first, std::int64_t rows,
-                               const ConvergenceError& error) {
+                               const ConvergenceError& error, std::size_t piece) {
   if (error.results().size() == _results.size())
-    add(index, first, rows, error.results());
+    add(index, first, rows, error.results(), piece);
   else
     for (std::size_t i = 0; i < _results.size(); ++i)
       if (_call.slots()[i].gather == Gather::rows)
@@ -77,7 +77,7 @@ std::vector<at::Tensor> Gatherer::finish() && {
     // Chunk order, each sum first moved to the input device: chunks computed on several
     // devices add on one (cuda:0 + cuda:1, or cpu + cuda, would throw).
     at::Tensor total;
-    for (const auto& [index, sums] : _sums) {
+    for (const auto& [chunk, sums] : _sums) {
       const auto sum = sums[k].to(_call.device);
       total = total.defined() ? total + sum : sum;
     }

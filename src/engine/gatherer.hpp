@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <neml2/errors.hpp>
@@ -25,9 +26,10 @@ public:
   Gatherer(const BoundCall& call, c10::ScalarType dtype, bool concurrent = false,
            std::vector<at::Tensor> into = {});
 
-  /// The results of chunk `index`, rows [first, first + rows), in slot order.
+  /// The results of chunk `index` (its piece `piece`, when the chunk ran in pieces), rows
+  /// [first, first + rows), in slot order.
   void add(std::size_t index, std::int64_t first, std::int64_t rows,
-           const std::vector<at::Tensor>& chunk);
+           const std::vector<at::Tensor>& chunk, std::size_t piece = 0);
 
   /// Where chunk rows [first, first + rows) will be written (see places()).
   [[nodiscard]] Places places(std::int64_t first, std::int64_t rows) const {
@@ -37,7 +39,7 @@ public:
   /// A chunk whose solve failed in some rows: its results (converged rows filled) and
   /// which rows converged.
   void add_failed_rows(std::size_t index, std::int64_t first, std::int64_t rows,
-                       const ConvergenceError& error);
+                       const ConvergenceError& error, std::size_t piece = 0);
 
   /// Calls f(tensor) for each tensor chunks made (results, sums, the converged mask): the
   /// asynchronous engine hands them to the calling thread's streams before finish().
@@ -66,8 +68,9 @@ private:
   bool _sums_or_shared = false; // a slot not gathered by rows: add() takes the lock
   std::mutex _mutex;            // shared and summed slots and the failed rows, when concurrent
   std::vector<bool> _shared_taken;
-  std::map<std::size_t, std::vector<at::Tensor>> _sums; // per chunk, in chunk order
-  at::Tensor _converged;                                // (batch,) once a chunk failed
+  // per chunk and piece, in that order
+  std::map<std::pair<std::size_t, std::size_t>, std::vector<at::Tensor>> _sums;
+  at::Tensor _converged; // (batch,) once a chunk failed
   double _worst_residual = 0;
 };
 

@@ -3,6 +3,8 @@
 
 #include "engine/model_core.hpp"
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "engine/placement.hpp"
@@ -11,15 +13,18 @@
 namespace neml2::detail {
 
 ModelCore::ModelCore(std::shared_ptr<const Artifact> artifact, std::vector<Device> devices,
-                     const std::vector<std::size_t>& concurrency, c10::ScalarType dtype)
+                     const std::vector<std::size_t>& concurrency, c10::ScalarType dtype,
+                     std::size_t cpu_lanes)
     : _state(std::make_unique<State>()) {
   if (devices.empty())
     throw FatalError("the dispatch policy lists no devices; list at least one");
   auto& s = *_state;
   s.devices = std::move(devices);
   s.chunks_in_flight = concurrency;
+  s.cpu_lanes = cpu_lanes;
   for (std::size_t d = 0; d < s.devices.size(); ++d) {
-    s.sessions.emplace_back(artifact, s.devices[d], dtype, concurrency[d]);
+    const auto lanes = s.devices[d].is_accelerator() ? 1 : cpu_lanes; // a runner for each lane
+    s.sessions.emplace_back(artifact, s.devices[d], dtype, std::max(concurrency[d], lanes));
     s.compute.push_back(s.sessions.back().device().torch());
   }
 }

@@ -25,7 +25,8 @@ void copy_rows(const at::Tensor& to, const at::Tensor& from) {
     to.copy_(from);
 }
 
-std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype) {
+std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype, std::int64_t rows,
+                        bool chain) {
   if (!call.device.is_cpu())
     return 0;
   std::int64_t values = 0; // per row, read and written
@@ -38,9 +39,15 @@ std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype) {
       values += numel(slot.shape);
   const auto row_bytes =
       std::max<std::int64_t>(values, 1) * static_cast<std::int64_t>(c10::elementSize(dtype));
-  const auto rows = std::clamp(piece_bytes / row_bytes, min_piece_rows, max_piece_rows);
-  const auto piece = static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(rows)));
-  return call.batch > piece ? piece : 0;
+  const auto power_of_two = [](std::int64_t n) {
+    return static_cast<std::int64_t>(std::bit_floor(static_cast<std::uint64_t>(n)));
+  };
+  const auto cache =
+      power_of_two(std::clamp(piece_bytes / row_bytes, min_piece_rows, max_piece_rows));
+  const auto shared = std::max(chain ? min_lane_rows_chain : min_lane_rows,
+                               power_of_two(std::max<std::int64_t>(rows / lane_pieces, 1)));
+  const auto piece = std::min(cache, shared);
+  return rows > piece ? piece : 0;
 }
 
 Places places(const BoundCall& call, const std::vector<at::Tensor>& results, std::int64_t first,

@@ -18,13 +18,23 @@ inline constexpr std::int64_t max_direct_rows = 1024;
 /// What a call's chunk on the CPU should hold at most: its inputs and results in about
 /// this many bytes, so that a chunk's results are still in cache when they are copied.
 inline constexpr std::int64_t piece_bytes = std::int64_t(2) << 20;
-/// The fewest and most rows of a piece.
+/// The fewest and most rows of a cache-sized piece.
 inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
+/// The fewest rows of a piece when a call is cut so that lanes can share it: below this a
+/// graph call of one forward segment costs little more than a lane's start; a row of a
+/// segment chain (Newton, several graphs a row) costs far more.
+inline constexpr std::int64_t min_lane_rows = 2048, min_lane_rows_chain = 256;
+/// At least this many pieces, when the rows allow (so that lanes share a call).
+inline constexpr std::int64_t lane_pieces = 8;
 
-/// The rows of the pieces a whole-batch call on the CPU runs in (a power of two, about
-/// piece_bytes of inputs and results), or 0 when it should run as one piece: on another
-/// device, or when the batch is no larger than one piece.
-[[nodiscard]] std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype);
+/// The rows of the pieces that rows [0, rows) of a call on the CPU run in, or 0 when they
+/// run as one piece (on another device, or no more rows than one piece): the rows over
+/// lane_pieces (a power of two, at least min_lane_rows, or min_lane_rows_chain for a
+/// `chain`), at most a cache-sized piece (about piece_bytes of inputs and results). The
+/// same whatever the lanes: a row's bits depend on where it sits in its graph call (a
+/// kernel's vector loop or its scalar tail), so the pieces do not depend on the lanes.
+[[nodiscard]] std::int64_t piece_rows(const BoundCall& call, c10::ScalarType dtype,
+                                      std::int64_t rows, bool chain);
 
 /// Where a chunk's results will be written: rows [first, first + rows) of each of
 /// `results` (a call's outputs, slot order) gathered by rows; nowhere for the other

@@ -35,6 +35,15 @@ std::size_t checked_chunks_in_flight(std::int64_t answer, const Device& device) 
   return static_cast<std::size_t>(answer);
 }
 
+std::size_t checked_cpu_lanes(std::int64_t answer) {
+  if (answer < 0 || answer > max_cpu_lanes)
+    throw FatalError("the dispatch policy's cpu_lanes is " + std::to_string(answer) +
+                     "; it must be 0 (one lane per intra-op thread: at::get_num_threads()) to " +
+                     std::to_string(max_cpu_lanes) +
+                     " (threads that run the CPU's chunks side by side, the calling one included)");
+  return static_cast<std::size_t>(answer);
+}
+
 std::optional<ChunkChoice> next_chunk(AsyncPolicyCalls& policy,
                                       std::span<const std::int64_t> rows_in_flight,
                                       std::int64_t remaining, std::int64_t batch,
@@ -53,9 +62,8 @@ std::optional<ChunkChoice> next_chunk(AsyncPolicyCalls& policy,
   if (choice->device >= devices.size()) // an index below 0 arrives wrapped: said as given
     throw FatalError("the dispatch policy's next_chunk() chose device index " +
                      std::to_string(static_cast<std::int64_t>(choice->device)) +
-                     ", but the policy lists " +
-                     std::to_string(devices.size()) + " device(s) " + devices_text(devices) +
-                     "; return an index into its devices");
+                     ", but the policy lists " + std::to_string(devices.size()) + " device(s) " +
+                     devices_text(devices) + "; return an index into its devices");
   if (choice->rows < 1 || choice->rows > remaining)
     throw FatalError("the dispatch policy's next_chunk() chose " + std::to_string(choice->rows) +
                      " rows for " + devices[choice->device].str() + " with " +

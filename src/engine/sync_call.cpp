@@ -7,31 +7,37 @@
 
 #include <neml2/detail/sync_call.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "core/stopwatch.hpp"
 #include "engine/chunk_runner.hpp"
 
 namespace neml2::detail {
 struct SyncCall::State {
+  State(const ModelCore::State& core, Request& request)
+      : core(core)
+      , op(request.op) {
+    auto bound = bind(core, request);
+    call = std::move(bound.call);
+    targets = std::move(bound.targets);
+  }
+
+  CallOnItsLanes on_its_lanes; // first: the binding too
   const ModelCore::State& core;
   Operation op;
   BoundCall call;
   std::vector<at::Tensor> targets; // the caller's tensors, until `results` takes them
-  std::optional<Gatherer> results; // made at the first chunk
-  ChunkArgs chunk;                 // reused by every chunk
+  std::optional<Gatherer> results; // made when the chunks run
 
-  Gatherer& gatherer() {
+  Gatherer& gatherer(bool concurrent = false) {
     if (!results)
-      results.emplace(call, core.sessions.front().dtype(), /*concurrent=*/false,
-                      std::move(targets));
+      results.emplace(call, core.sessions.front().dtype(), concurrent, std::move(targets));
     return *results;
   }
 };
 
-SyncCall::SyncCall(const ModelCore& core, Request& request) {
-  auto [call, targets] = bind(core.state(), request);
-  _batch = call.batch;
-  _state.reset(new State{core.state(), request.op, std::move(call), std::move(targets), {}, {}});
-}
+SyncCall::SyncCall(const ModelCore& core, Request& request)
+    : _state(std::make_unique<State>(core.state(), request))
+    , _batch(_state->call.batch) {}
 
 SyncCall::~SyncCall() = default;
 
@@ -51,20 +57,9 @@ std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
   return results;
 }
 
-void SyncCall::run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index) {
+void SyncCall::run_chunks(std::size_t d, std::int64_t rows) {
   auto& s = *_state;
-  if (index > 0)
-    ask_interrupt_check(s.core);
-  auto& results = s.gatherer();
-  const auto start = s.core.observer ? steady_clock::now() : steady_clock::time_point{};
-  take_rows(s.call, first, rows, s.core.compute[d], s.chunk);
-  detail::run_chunk(s.core, s.op, s.chunk, results, d, first, index);
-  // Only the observer waits for an accelerator: without one, the next chunk is queued
-  // while this one runs (results gathered on the CPU wait in their copy anyway).
-  if (s.core.observer) {
-    finished_on(s.core, d);
-    s.core.observer(s.core.event(index, d, first, rows, seconds_since(start)));
-  }
+  detail::run_chunks(s.core, s.op, s.call, s.gatherer(lanes_for(s.core, d) > 1), d, rows);
 }
 
 std::vector<at::Tensor> SyncCall::finish() {

@@ -4,10 +4,13 @@
 #include "graph/graph.hpp"
 
 #include <algorithm>
+#include <iostream>
 #include <mutex>
+#include <streambuf>
 
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
+#include <c10/util/ScopeExit.h>
 #include <fmt/format.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/library.h>
@@ -112,6 +115,23 @@ Graph::Graph(const fs::path& leaf, const std::string& package, const c10::Device
             /*num_runners=*/runners, device.index());
       });
   _container_outputs = ContainerEntry::outputs(*_loader->get_runner(), _file);
+  // Constants folded now, not at the first call: that call folds them under the
+  // container's exclusive lock while holding a runner, and a call that holds the shared
+  // lock while it waits for a runner would then wait for ever (more threads calling the
+  // graph at once than it has runners: CPU lanes beside host threads).
+  if (_torch_device.is_cpu()) {
+    // (A graph compiled without runtime constant folding says so on std::cerr: nothing to
+    // fold, and nothing the user should see. Loads hold a process-wide lock.)
+    struct Discard : std::streambuf {
+      int overflow(int c) override { return c; }
+    } discard;
+    auto* const cerr = std::cerr.rdbuf(&discard);
+    const auto restore_cerr = c10::make_scope_exit([&] { std::cerr.rdbuf(cerr); });
+    translate_foreign_errors(fmt::format("folding the constants of '{}'", _file).c_str(), [&] {
+      _loader->get_runner()->run_const_fold(/*use_inactive=*/false);
+      return 0;
+    });
+  }
 }
 
 Graph::Graph() = default;

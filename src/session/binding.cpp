@@ -283,6 +283,14 @@ std::vector<at::Tensor> detail::CallNames::positional(const TensorMap& inputs) c
   return _session->_impl->positional_inputs(inputs);
 }
 
+bool detail::CallProtocol::runs_chain(const Session& s) noexcept {
+  return s._impl->chain != nullptr;
+}
+
+std::size_t detail::CallProtocol::runners(const Session& s) noexcept {
+  return s._impl->runners;
+}
+
 std::int64_t detail::CallProtocol::batch_as_given(const Session& s,
                                                   const std::vector<at::Tensor>& inputs) {
   const auto& m = *s._impl;

@@ -39,6 +39,11 @@ struct CallProtocol {
   /// results in output_names() order.
   [[nodiscard]] static std::vector<at::Tensor>
   forward_as_given(const Session& s, const std::vector<at::Tensor>& inputs);
+  /// Whether a call runs a segment chain (a solve, or several segments: its rows cost
+  /// far more than one graph call's) rather than one forward segment's graphs.
+  [[nodiscard]] static bool runs_chain(const Session& s) noexcept;
+  /// How many calls may run the session's graphs at once (its AOTI runners per graph).
+  [[nodiscard]] static std::size_t runners(const Session& s) noexcept;
   /// Runs `op` on one chunk (see ChunkArgs); results in slot order. `places`: where each
   /// result will be written (slot order; undefined: not by rows), which a result of an
   /// explicit model on the CPU may be computed in directly (see Landing).

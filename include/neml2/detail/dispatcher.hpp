@@ -30,8 +30,9 @@ namespace neml2::detail {
 class Dispatcher {
 public:
   Dispatcher(std::shared_ptr<const Artifact> artifact, std::vector<Device> devices,
-             const std::vector<std::size_t>& concurrency, c10::ScalarType dtype)
-      : core(std::move(artifact), std::move(devices), concurrency, dtype) {}
+             const std::vector<std::size_t>& concurrency, c10::ScalarType dtype,
+             std::size_t cpu_lanes)
+      : core(std::move(artifact), std::move(devices), concurrency, dtype, cpu_lanes) {}
   virtual ~Dispatcher() = default;
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
@@ -43,7 +44,8 @@ public:
 };
 
 /// A synchronous policy's call, on the calling thread: the policy asked once for its device
-/// and once for its rows per chunk, then the call run whole or chunk by chunk. A forward()
+/// and once for its rows per chunk, then the call run whole or chunk by chunk (on the CPU,
+/// on its lanes: the calling thread and torch's OpenMP team). A forward()
 /// of a small dense CPU batch the policy runs whole goes straight to the value graph
 /// (ModelCore::batch_as_given).
 template <class Policy>
@@ -62,9 +64,7 @@ std::vector<at::Tensor> run_synchronous(const Policy& policy, const ModelCore& c
     rows = decide_rows(policy, call.batch());
   if (call.runs_whole(d, rows))
     return call.run_whole(d);
-  for_each_chunk(call.batch(), rows, [&](std::int64_t first, std::int64_t n, std::size_t index) {
-    call.run_chunk(d, first, n, index);
-  });
+  call.run_chunks(d, rows);
   return call.finish();
 }
 
@@ -74,7 +74,7 @@ public:
   // The base is made before `policy` takes `p`.
   DispatcherOf(std::shared_ptr<const Artifact> artifact, Policy p, c10::ScalarType dtype)
       : Dispatcher(std::move(artifact), listed_devices(p), chunks_in_flight(p, listed_devices(p)),
-                   dtype)
+                   dtype, requested_cpu_lanes(p))
       , policy(std::move(p)) {
     if constexpr (is_asynchronous_policy_v<Policy>)
       _engine = std::make_unique<AsyncEngine>(core, _calls);

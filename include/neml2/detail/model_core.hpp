@@ -28,7 +28,8 @@ class ModelCore {
 public:
   /// Loads a session of `artifact` per device, each taking `concurrency[d]` calls at once.
   ModelCore(std::shared_ptr<const Artifact> artifact, std::vector<Device> devices,
-            const std::vector<std::size_t>& concurrency, c10::ScalarType dtype);
+            const std::vector<std::size_t>& concurrency, c10::ScalarType dtype,
+            std::size_t cpu_lanes = 0);
   ~ModelCore();
   ModelCore(const ModelCore&) = delete;
   ModelCore& operator=(const ModelCore&) = delete;

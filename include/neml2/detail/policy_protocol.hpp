@@ -27,6 +27,8 @@ namespace neml2::detail {
 /// An asynchronous policy's `chunks_in_flight(d)` for the accelerator `device`: 1 to
 /// max_chunks_in_flight.
 [[nodiscard]] std::size_t checked_chunks_in_flight(std::int64_t answer, const Device& device);
+/// A policy's `cpu_lanes`: 0 to max_cpu_lanes.
+[[nodiscard]] std::size_t checked_cpu_lanes(std::int64_t answer);
 ///@}
 
 /// Calls the policy's `validate()`, when it has one.
@@ -87,6 +89,19 @@ std::vector<std::size_t> chunks_in_flight(const Policy& policy,
         n[d] = checked_chunks_in_flight(static_cast<std::int64_t>(policy.chunks_in_flight(d)),
                                         devices[d]);
   return n;
+}
+
+/// The lanes a policy asks for its CPU chunks: its `cpu_lanes` (a data member or a member
+/// function; checked), or 0 without one (torch's intra-op thread count at each call). Asked
+/// once, when a model is loaded.
+template <class Policy>
+std::size_t requested_cpu_lanes(const Policy& policy) {
+  if constexpr (requires { policy.cpu_lanes(); })
+    return checked_cpu_lanes(static_cast<std::int64_t>(policy.cpu_lanes()));
+  else if constexpr (requires { policy.cpu_lanes; })
+    return checked_cpu_lanes(static_cast<std::int64_t>(policy.cpu_lanes));
+  else
+    return 0;
 }
 
 /// What is asked of an asynchronous policy with its state; the caller serializes the calls.

@@ -32,8 +32,8 @@ public:
   [[nodiscard]] bool runs_whole(std::size_t d, std::int64_t rows) const noexcept;
   /// The whole call on device `d` (in cache-sized pieces on the CPU when large).
   [[nodiscard]] std::vector<at::Tensor> run_whole(std::size_t d);
-  /// Rows [first, first + rows) on device `d`, put in place.
-  void run_chunk(std::size_t d, std::int64_t first, std::int64_t rows, std::size_t index);
+  /// The call in chunks of `rows` rows on device `d`, put in place (on the CPU's lanes).
+  void run_chunks(std::size_t d, std::int64_t rows);
   /// The gathered results (a ConvergenceError over the batch when rows failed).
   [[nodiscard]] std::vector<at::Tensor> finish();
 

@@ -21,7 +21,9 @@ namespace neml2 {
 /// (ties to the earlier device). `capacities` and `priorities` are optional; a list of
 /// length 1 applies to every device. Capacity counts rows in flight (default: one
 /// chunk); on a GPU, a capacity of k chunks keeps k chunks in flight, each on its own
-/// stream, so copies overlap compute.
+/// stream, so copies overlap compute. The CPU runs one chunk at a time (the calling thread
+/// runs it), cut into pieces over its `cpu_lanes` lanes: its batch size is the rows all of
+/// its lanes take at once.
 /// @code
 /// auto model = neml2::load_model("aoti/model_aoti.i", "model",
 ///     neml2::GreedyPriorityCapacity{.devices = {"cpu", "cuda:0"},
@@ -36,10 +38,11 @@ namespace neml2 {
 struct GreedyPriorityCapacity {
   using dispatch_mode = asynchronous; ///< chunks run concurrently, one lane per device
 
-  std::vector<Device> devices;               ///< the pool: at most one CPU, each device once
+  std::vector<Device> devices;               ///< the pool: one CPU at most, each device once
   std::vector<std::int64_t> batch_sizes;     ///< rows per chunk: one per device, or one for all
   std::vector<std::int64_t> capacities = {}; ///< rows in flight; empty: one chunk
   std::vector<double> priorities = {};       ///< higher first; empty: all equal
+  std::int64_t cpu_lanes = 0; ///< threads a CPU chunk runs on; 0: torch's intra-op count
 
   /// Rows per chunk on device `d`.
   [[nodiscard]] std::int64_t batch_size(std::size_t d) const { return of(batch_sizes, d); }

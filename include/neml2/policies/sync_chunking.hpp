@@ -12,8 +12,9 @@
 
 namespace neml2 {
 
-/// @brief Runs a batch on one device in chunks of `batch_size` rows (0 = one call).
-/// Use it to fit a batch into device memory, or to tune the per-call size.
+/// @brief Runs a batch on one device in chunks of `batch_size` rows (0 = one call), on the
+/// CPU `cpu_lanes` chunks at once. Use it to fit a batch into device memory, or to tune the
+/// per-call size.
 /// @code
 /// auto model = neml2::load_model("aoti/model_aoti.i", "model",
 ///                                neml2::SyncChunking{.device = "cuda:0", .batch_size = 4096});
@@ -28,6 +29,10 @@ struct SyncChunking {
 
   Device device = DeviceFamily::cpu; ///< where every chunk runs
   std::int64_t batch_size = 0;       ///< rows per graph call; 0: the whole batch at once
+  /// Threads that run the chunks on the CPU side by side, the calling one included (1 to
+  /// 1024; 0: torch's intra-op thread count at each call). A whole batch is cut into pieces
+  /// for them. Results are the same bits on any number.
+  std::int64_t cpu_lanes = 0;
 
   /// The one device.
   [[nodiscard]] std::array<Device, 1> devices() const { return {device}; }

@@ -16,6 +16,7 @@
 #include <neml2/detail/async_engine.hpp>
 #include <neml2/detail/async_schedule.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "core/stopwatch.hpp"
 #include "core/worker_pool.hpp"
 #include "engine/async/streams.hpp"
@@ -59,12 +60,12 @@ struct Progress : ScheduledCall {
       , targets(std::move(targets)) {}
   Operation op;
   BoundCall& call;
-  std::vector<at::Tensor> targets; // the caller's tensors, until `results` takes them
-  std::optional<Gatherer> results; // made before the first chunk goes to the pool
-  CallerStreams caller;            // recorded then: what workers wait for
+  std::vector<at::Tensor> targets;          // the caller's tensors, until `results` takes them
+  std::optional<Gatherer> results;          // made before the first chunk goes to the pool
+  CallerStreams caller;                     // recorded then: what workers wait for
   std::deque<ScheduledChunk> caller_chunks; // for the calling thread's lane, not yet run
   std::vector<std::pair<std::size_t, std::exception_ptr>> errors; // (chunk, error)
-  bool interrupted = false; // the interrupt check stopped the call
+  bool interrupted = false;         // the interrupt check stopped the call
   std::condition_variable finished; // the calling thread sleeps here (or runs caller_chunks)
   // Records a failure of chunk `chunk`: no chunk is dispatched after it.
   void fail(std::size_t chunk, std::exception_ptr error) {
@@ -104,6 +105,7 @@ struct AsyncEngine::Impl {
   [[nodiscard]] const Session& session() const noexcept { return core.sessions.front(); }
 
   std::vector<at::Tensor> run(Request& request) const {
+    const CallOnItsLanes on_its_lanes; // the caller's CPU work, on its lanes only
     auto [call, targets] = bind(core, request);
     return dispatch_async(request.op, call, std::move(targets));
   }
@@ -298,11 +300,15 @@ struct AsyncEngine::Impl {
   }
 
   // One chunk's rows, taken onto device d (staged through pinned memory from the host to an
-  // accelerator), run and put in place (any thread).
+  // accelerator), run and put in place (any thread); a CPU chunk in pieces over the lanes.
   void run_chunk_here(Progress& p, const ScheduledChunk& c) const {
     const auto device = core.compute[c.device];
+    if (device.is_cpu()) { // in pieces over the CPU's lanes
+      run_chunk_on_lanes(core, p.op, p.call, *p.results, c.device, c.first, c.rows, c.index);
+      return;
+    }
     ChunkArgs chunk;
-    if (device.is_cpu() || device == p.call.device)
+    if (device == p.call.device)
       take_rows(p.call, c.first, c.rows, device, chunk);
     else
       take_rows_staged(p.call, c.first, c.rows, device, chunk);

@@ -1,0 +1,156 @@
+// CPU lanes (see cpu_lanes.hpp). Torch's team, not threads of our own: its threads already
+// run torch's parallel loops, a torch loop inside a lane sees the parallel region and runs
+// inline (no team per lane), and a program that never uses lanes starts nothing. Compiled
+// with OpenMP and linked against torch's libgomp (cmake/TorchWheel.cmake): one runtime.
+
+#include "core/cpu_lanes.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <exception>
+#include <mutex>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/InferenceMode.h>
+#include <omp.h>
+
+#if defined(__SANITIZE_THREAD__)
+#define NEML2_DISPATCH_LANES_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define NEML2_DISPATCH_LANES_TSAN 1
+#endif
+#endif
+#ifdef NEML2_DISPATCH_LANES_TSAN
+#include <sanitizer/tsan_interface.h>
+#endif
+
+// MKL's threads for the calling thread alone (weak: a torch without MKL has none).
+extern "C" int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));
+
+namespace neml2::detail {
+namespace {
+
+// ThreadSanitizer cannot see libgomp's barriers (torch's libgomp is not instrumented): the
+// region's start and end are told to it as a release and an acquire.
+void happens_before([[maybe_unused]] void* token) noexcept {
+#ifdef NEML2_DISPATCH_LANES_TSAN
+  __tsan_release(token);
+#endif
+}
+void happens_after([[maybe_unused]] void* token) noexcept {
+#ifdef NEML2_DISPATCH_LANES_TSAN
+  __tsan_acquire(token);
+#endif
+}
+
+// Lanes beyond the calling threads', in use by the calls running now.
+std::atomic<std::size_t> extra_lanes_in_use{0};
+
+// Takes up to `wanted` extra lanes, as many as `wanted` less those in use, and gives them
+// back when it goes.
+class ExtraLanes {
+public:
+  explicit ExtraLanes(std::size_t wanted) noexcept {
+    auto in_use = extra_lanes_in_use.load();
+    do
+      _taken = wanted - std::min(wanted, in_use);
+    while (_taken > 0 && !extra_lanes_in_use.compare_exchange_weak(in_use, in_use + _taken));
+  }
+  ~ExtraLanes() {
+    if (_taken > 0)
+      extra_lanes_in_use -= _taken;
+  }
+  ExtraLanes(const ExtraLanes&) = delete;
+  ExtraLanes& operator=(const ExtraLanes&) = delete;
+  [[nodiscard]] std::size_t taken() const noexcept { return _taken; }
+
+private:
+  std::size_t _taken = 0;
+};
+
+// While it lives, MKL runs on this thread alone.
+class MklOnThisThread {
+public:
+  MklOnThisThread() noexcept {
+    if (MKL_Set_Num_Threads_Local)
+      _before = MKL_Set_Num_Threads_Local(1);
+  }
+  ~MklOnThisThread() {
+    if (MKL_Set_Num_Threads_Local)
+      MKL_Set_Num_Threads_Local(_before);
+  }
+  MklOnThisThread(const MklOnThisThread&) = delete;
+  MklOnThisThread& operator=(const MklOnThisThread&) = delete;
+
+private:
+  int _before = 0;
+};
+
+thread_local bool in_lane = false;
+// torch's intra-op thread count before this thread's outermost CallOnItsLanes (0: none).
+thread_local int threads_outside_call = 0;
+} // namespace
+
+std::size_t cpu_lanes(std::size_t requested) {
+  if (in_lane || omp_in_parallel())
+    return 1;
+  if (requested > 0)
+    return requested;
+  const auto threads = threads_outside_call > 0 ? threads_outside_call : at::get_num_threads();
+  return static_cast<std::size_t>(std::max(1, threads));
+}
+
+CallOnItsLanes::CallOnItsLanes() noexcept
+    : _threads_before(at::get_num_threads()) // (torch sets the thread up first)
+    , _outer(threads_outside_call) {
+  if (_outer == 0)
+    threads_outside_call = std::max(1, _threads_before);
+  omp_set_num_threads(1);
+  if (MKL_Set_Num_Threads_Local)
+    _mkl_before = MKL_Set_Num_Threads_Local(1);
+}
+
+CallOnItsLanes::~CallOnItsLanes() {
+  if (MKL_Set_Num_Threads_Local)
+    MKL_Set_Num_Threads_Local(_mkl_before);
+  omp_set_num_threads(std::max(1, _threads_before));
+  threads_outside_call = _outer;
+}
+
+void run_on_lanes(std::size_t lanes, const std::function<void(std::size_t lane)>& work) {
+  const ExtraLanes extra(lanes > 1 ? lanes - 1 : 0);
+  if (extra.taken() == 0) {
+    work(0);
+    return;
+  }
+  const bool grad = at::GradMode::is_enabled();
+  const bool inference = c10::InferenceMode::is_enabled();
+  std::exception_ptr error;
+  std::once_flag first_error;
+  char started = 0, ended = 0; // ThreadSanitizer's tokens
+  happens_before(&started);
+#pragma omp parallel num_threads(static_cast <int>(extra.taken() + 1))
+  {
+    const auto lane = static_cast<std::size_t>(omp_get_thread_num());
+    happens_after(&started);
+    try {
+      const c10::InferenceMode inference_mode(inference);
+      const at::AutoGradMode grad_mode(grad);
+      const MklOnThisThread mkl;
+      in_lane = true;
+      work(lane);
+      in_lane = false;
+    } catch (...) {
+      in_lane = false;
+      std::call_once(first_error, [&] { error = std::current_exception(); });
+    }
+    happens_before(&ended);
+  }
+  happens_after(&ended);
+  if (error)
+    std::rethrow_exception(error);
+}
+
+} // namespace neml2::detail
