@@ -24,6 +24,8 @@
 // each step's bins the next step's `~1` input, homologous temperatures 0.5 to 1.5 across
 // the points; items are point-steps.
 //
+// `lanes_<model>_<call>/BATCH/LANES`: ours on 1 or 2 CPU lanes (see on_lanes).
+//
 // `pool_sync` / `pool_greedy`, NAME/BATCH/CHUNK, all rows plastic: SyncChunking against
 // GreedyPriorityCapacity on the CPU alone at the same chunk size (the pool's CPU lane
 // against the calling thread).
@@ -334,6 +336,54 @@ BENCHMARK(machine_copy)->UseRealTime();
 BENCHMARK(machine_matmul)->UseRealTime();
 BENCHMARK(pool_sync)->Apply(pool_chunks)->UseRealTime();
 BENCHMARK(pool_greedy)->Apply(pool_chunks)->UseRealTime();
+// `lanes_<model>_<call>/BATCH/LANES`: ours on 1 or 2 CPU lanes (SyncChunking.cpu_lanes),
+// whole batch, every row plastic; model `elasticity` (forward only), `j2` or `chaboche`.
+// One process for both lane counts, so that what the process holds (its threads, glibc's
+// arenas) is the same for both.
+const auto elasticity_stub = std::filesystem::path(NEML2_DISPATCH_BENCH_ARTIFACTS) /
+                             "elasticity_forward" / "elasticity_aoti.i";
+
+void on_lanes(benchmark::State& state, const char* model, bool jacobian) {
+  const std::string name = model;
+  const auto batch = state.range(0);
+  const auto policy = neml2::SyncChunking{.device = "cpu", .cpu_lanes = state.range(1)};
+  if (name == "elasticity") {
+    const auto m = neml2::load_model(elasticity_stub, "elasticity", policy);
+    measure(state, m, {{"strain", 1e-3 * at::rand({batch, 6}, at::kDouble)}}, false);
+    return;
+  }
+  const bool chaboche = name == "chaboche";
+  const auto m = neml2::load_model(chaboche ? chaboche_stub : stub, "model", policy);
+  measure(state, m, chaboche ? chaboche_inputs(batch, 100) : inputs(batch, 100), jacobian);
+}
+
+void lane_cases(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {1, 64, 1024, 1 << 14, 1 << 16, 1 << 18, 1 << 20})
+    for (std::int64_t lanes : {1, 2})
+      b->Args({batch, lanes});
+}
+void lane_cases_chaboche(benchmark::internal::Benchmark* b) {
+  for (std::int64_t batch : {1, 64, 1024, 1 << 14})
+    for (std::int64_t lanes : {1, 2})
+      b->Args({batch, lanes});
+}
+
+const bool lane_benchmarks = [] {
+  benchmark::RegisterBenchmark("lanes_elasticity_forward", on_lanes, "elasticity", false)
+      ->Apply(lane_cases)
+      ->UseRealTime();
+  for (const bool jacobian : {false, true}) {
+    const std::string call = jacobian ? "_jacobian" : "_forward";
+    benchmark::RegisterBenchmark(("lanes_j2" + call).c_str(), on_lanes, "j2", jacobian)
+        ->Apply(lane_cases)
+        ->UseRealTime();
+    benchmark::RegisterBenchmark(("lanes_chaboche" + call).c_str(), on_lanes, "chaboche", jacobian)
+        ->Apply(lane_cases_chaboche)
+        ->UseRealTime();
+  }
+  return true;
+}();
+
 const bool versus_peer_benchmarks = [] {
   for (const auto& [runtime, runtime_name] :
        {std::pair{Runtime::peer, "peer"}, {Runtime::rows, "rows"}, {Runtime::tensor, "tensor"}}) {

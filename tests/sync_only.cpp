@@ -1,7 +1,8 @@
 // A host that uses synchronous policies only, built as its own program: tests/CMakeLists.txt
 // checks that it links no worker pool, asynchronous engine or stream helper (nm), and it
-// checks here that loading and calling a model starts no thread, and that its numbers are
-// right (linear elasticity: stress = J strain, J from the model's own jacobian()).
+// checks here that loading and calling a model on one lane starts no thread, that its
+// numbers are right (linear elasticity: stress = J strain, J from the model's own
+// jacobian()), and that two lanes add torch's OpenMP team (one thread) and nothing else.
 
 #include <cstdio>
 #include <filesystem>
@@ -50,6 +51,29 @@ int main(int argc, char** argv) {
                  after);
     return 1;
   }
-  std::printf("sync_only: %zu thread(s) before and after; results exact\n", after);
+  // On two lanes: the same bits, and no thread but torch's own OpenMP team (one more).
+  try {
+    const auto model = neml2::load_model(argv[1], "elasticity",
+                                         neml2::SyncChunking{.batch_size = 1000, .cpu_lanes = 2});
+    const auto one = neml2::load_model(argv[1], "elasticity",
+                                       neml2::SyncChunking{.batch_size = 1000, .cpu_lanes = 1});
+    const auto strain = 1e-3 * at::randn({4321, 6}, at::kDouble);
+    if (!at::equal(model.forward({{"strain", strain}}).at("stress"),
+                   one.forward({{"strain", strain}}).at("stress"))) {
+      std::fprintf(stderr, "sync_only: two lanes give other bits than one\n");
+      return 1;
+    }
+  } catch (const neml2::Exception& e) {
+    std::fprintf(stderr, "sync_only: %s\n", e.what());
+    return 1;
+  }
+  const auto laned = threads();
+  if (laned > after + 1) {
+    std::fprintf(stderr, "sync_only: %zu threads after a call on two lanes, %zu before\n", laned,
+                 after);
+    return 1;
+  }
+  std::printf("sync_only: %zu thread(s) before and after; results exact; %zu on two lanes\n", after,
+              laned);
   return 0;
 }

@@ -115,6 +115,22 @@ Results every_call(const AnyDispatchedModel& m, const TensorMap& in) {
   return r;
 }
 
+// Holds each lane's first chunk until two lanes have started one (30 s at most): either
+// lane may otherwise take every chunk before the other starts. On one lane the wait times
+// out, and what the test checks after it fails.
+struct TwoLanesStarted {
+  std::mutex mutex;
+  std::condition_variable arrived;
+  std::set<std::size_t> lanes;
+  void arrive(std::size_t lane) {
+    std::unique_lock lock(mutex);
+    if (!lanes.insert(lane).second)
+      return;
+    arrived.notify_all();
+    arrived.wait_for(lock, std::chrono::seconds(30), [&] { return lanes.size() >= 2; });
+  }
+};
+
 struct Case {
   const char* artifact;
   const char* model;
@@ -183,19 +199,8 @@ TEST_CASE("on two lanes, two chunks run at once; the observer sees each with its
   const auto expected =
       load_model(test::stub("j2_radial_return", "model"), "model", SyncChunking{.cpu_lanes = 1})
           .forward(in);
-  // The calling thread's first chunk waits for a chunk on the other lane to start: on one
-  // lane it would wait for ever (here: 30 s, then the test fails).
-  std::mutex mutex;
-  std::condition_variable started;
-  bool other_lane = false;
-  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) {
-    std::unique_lock lock(mutex);
-    if (e.lane != 0) {
-      other_lane = true;
-      started.notify_all();
-    } else if (e.index == 0)
-      started.wait_for(lock, std::chrono::seconds(30), [&] { return other_lane; });
-  });
+  TwoLanesStarted started;
+  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) { started.arrive(e.lane); });
   std::set<std::size_t> lanes, indices;
   std::set<std::thread::id> threads;
   m.set_observer([&](const ChunkEvent& e) {
@@ -204,7 +209,7 @@ TEST_CASE("on two lanes, two chunks run at once; the observer sees each with its
     threads.insert(std::this_thread::get_id());
   });
   CHECK(test::identical(m.forward(in), expected));
-  CHECK(other_lane);
+  CHECK(started.lanes == std::set<std::size_t>{0, 1});
   CHECK(lanes == std::set<std::size_t>{0, 1});
   CHECK(threads.size() == 2);
   CHECK(indices.size() == 10);
@@ -218,7 +223,9 @@ TEST_CASE("a chunk that fails on a worker lane: its error reaches the caller, th
       load_model(test::stub("rates", "eq"), "eq", SyncChunking{.batch_size = 10, .cpu_lanes = 2});
   const auto expected = m.forward(in);
   std::atomic<int> failed_lane{-1};
+  TwoLanesStarted started;
   neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) {
+    started.arrive(e.lane);
     if (e.lane == 1 && failed_lane.exchange(1) == -1)
       throw FatalError("chunk " + std::to_string(e.index) + " failed on lane 1");
   });
@@ -285,7 +292,13 @@ TEST_CASE("the interrupt check stops a laned call: no chunk starts after it") {
   std::atomic<int> chunks{0};
   std::atomic<bool> stopped{false};
   std::atomic<int> after{0};
-  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent&) {
+  // Both lanes start, and the other lane is slow enough that the calling thread takes a
+  // second chunk (it asks the check then) before the other has taken them all.
+  TwoLanesStarted started;
+  neml2::detail::ModelAccess::before_chunk(m, [&](const ChunkEvent& e) {
+    started.arrive(e.lane);
+    if (e.lane != 0)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
     ++chunks;
     if (stopped)
       ++after;
@@ -381,4 +394,50 @@ TEST_CASE("bad lane counts are refused with the library's message") {
   };
   CHECK(contains(test::fatal_message([&] { return load_model(stub, "elasticity", Lanes{}); }),
                  "cpu_lanes is 2000"));
+}
+
+TEST_CASE("MaterialState: a history with cut points, on 1, 2 and 3 lanes, the same bits") {
+  const test::Reference ref("chaboche_viscoplasticity");
+  std::vector<TensorMap> steps;
+  for (int n = 0; n < 5; ++n)
+    steps.push_back(tiled(ref.group("s" + std::to_string(n) + "/in"), 300));
+  const auto points = steps.front().begin()->second.size(0);
+  std::vector<std::vector<at::Tensor>> histories;
+  for (const std::int64_t lanes : {1, 2, 3}) {
+    CAPTURE(lanes);
+    auto model = load_model(test::stub("chaboche_viscoplasticity", "model"), "model",
+                            SyncChunking{.cpu_lanes = lanes});
+    auto config = model.solver_config();
+    config.miters = 6; // some points need more: they are cut
+    model.set_solver_config(config);
+    TensorMap start;
+    MaterialState probe(model, points);
+    for (const auto& x : probe.roles().state)
+      start.emplace(x, steps.front().at(x + "~1"));
+    for (const auto& f : probe.roles().forces)
+      start.emplace(f, steps.front().at(f + "~1"));
+    MaterialState state(model, points, start);
+    std::vector<at::Tensor> history;
+    std::int64_t cut = 0;
+    for (const auto& in : steps) {
+      TensorMap forces;
+      for (const auto& f : state.roles().forces)
+        forces.emplace(f, in.at(f));
+      const auto& r = state.step(forces, {.derivatives = true, .max_cuts = 4});
+      cut += r.cut;
+      history.push_back(r.converged);
+      history.push_back(r.outputs.at("stress"));
+      history.push_back(r.derivatives.at("stress").at("E"));
+      state.accept();
+    }
+    if (lanes == 1)
+      CHECK(cut > 0); // the cuts ran too
+    histories.push_back(history);
+  }
+  for (std::size_t k = 1; k < histories.size(); ++k)
+    for (std::size_t i = 0; i < histories[0].size(); ++i) {
+      CAPTURE(k);
+      CAPTURE(i);
+      CHECK(same_bits(histories[k][i], histories[0][i]));
+    }
 }

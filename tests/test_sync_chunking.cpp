@@ -139,9 +139,11 @@ TEST_CASE("one model called from several threads at once") {
     test::check_close(r, ref.group("b33/out"), "concurrent forward");
 }
 
-TEST_CASE("a whole batch on the CPU runs in cache-sized pieces, with the same numbers") {
+TEST_CASE("a whole batch on the CPU runs in pieces of an eighth of it, at most cache-sized, "
+          "with the same numbers") {
   const auto whole = load("elasticity", "elasticity", SyncChunking{.cpu_lanes = 1});
-  const std::int64_t batch = 40000; // pieces of 16384 rows: 96 bytes a row, 2 MiB a piece
+  // An eighth is 25000 rows; at most 16384 (96 bytes a row, 2 MiB a piece).
+  const std::int64_t batch = 200000;
   const TensorMap in = {{"strain", 1e-3 * at::rand({batch, 6}, at::kDouble)}};
   std::vector<std::int64_t> rows;
   neml2::detail::observe_graph_calls(
@@ -150,20 +152,31 @@ TEST_CASE("a whole batch on the CPU runs in cache-sized pieces, with the same nu
   auto into = at::full({batch, 6}, std::numeric_limits<double>::quiet_NaN(), at::kDouble);
   whole.forward_into(in, {{"stress", into}});
   neml2::detail::observe_graph_calls({});
-  CHECK(rows == std::vector<std::int64_t>{16384, 16384, 7232, 16384, 16384, 7232});
+  auto pieces = std::vector<std::int64_t>(12, 16384);
+  pieces.push_back(3392);
+  const auto once = pieces;
+  pieces.insert(pieces.end(), once.begin(), once.end()); // forward, then forward_into
+  CHECK(rows == pieces);
   const Session session(std::make_shared<const Artifact>(read_artifact(resolve_artifact_root(
                             test::stub("elasticity", "elasticity"), "elasticity"))),
                         "cpu");
   const auto expected = session.forward(in).at("stress"); // one graph call on every row
   CHECK(at::equal(out, expected));
   CHECK(at::equal(into, expected));
-  // One piece: the graph's own result, handed over.
+  // 40000 rows: an eighth, 5000, down to a power of two.
   rows.clear();
   neml2::detail::observe_graph_calls(
       [&](const std::string&, std::int64_t n) { rows.push_back(n); });
-  (void)whole.forward({{"strain", in.at("strain").narrow(0, 0, 16384)}});
+  const auto part = TensorMap{{"strain", in.at("strain").narrow(0, 0, 40000)}};
+  CHECK(at::equal(whole.forward(part).at("stress"), expected.narrow(0, 0, 40000)));
+  pieces.assign(9, 4096);
+  pieces.push_back(3136);
+  CHECK(rows == pieces);
+  // One piece (2048 rows at least): the graph's own result, handed over.
+  rows.clear();
+  (void)whole.forward({{"strain", in.at("strain").narrow(0, 0, 2048)}});
   neml2::detail::observe_graph_calls({});
-  CHECK(rows == std::vector<std::int64_t>{16384});
+  CHECK(rows == std::vector<std::int64_t>{2048});
 }
 
 TEST_CASE("forward() straight through the graph only when the call needs nothing more") {

@@ -76,10 +76,11 @@ inline int mpi_cpu_share(int cores, int cpu_ranks, int accelerator_ranks, int in
 /// while constructing. An error on any rank (a bad field, m < n) is thrown on every rank,
 /// naming the rank it came from, so no rank is left waiting.
 ///
-/// Ranks computing on the CPU set torch's intra-op threads (`cpu_threads`): by default
-/// the node's cores (the union of its ranks' CPU affinity, less one core per rank that
-/// drives an accelerator) are shared evenly among them, never more than a rank's own
-/// affinity allows.
+/// Ranks computing on the CPU set torch's intra-op threads (`cpu_threads`), and as many
+/// CPU lanes (a rank's chunks side by side): by default the node's cores (the union of its
+/// ranks' CPU affinity, less one core per rank that drives an accelerator) are shared
+/// evenly among them, never more than a rank's own affinity allows: ranks times lanes is
+/// the node's cores.
 /// @code
 /// MPI_Init(&argc, &argv);
 /// auto model = neml2::load_model("aoti/model_aoti.i", "model",
@@ -142,6 +143,8 @@ public:
   [[nodiscard]] int local_size() const noexcept { return _local_size; }
   /// The intra-op threads this rank set, 0 when it left them alone.
   [[nodiscard]] int cpu_threads() const noexcept { return _cpu_threads; }
+  /// The lanes this rank's CPU chunks run on: its cpu_threads (0: torch's intra-op count).
+  [[nodiscard]] std::int64_t cpu_lanes() const noexcept { return _cpu_threads; }
 
 private:
   std::vector<Device> _pool;
