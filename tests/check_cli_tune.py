@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""`neml2-dispatch tune` on a model with a tiny budget: its tune file parses and holds the
-sweep, its plot is a real PNG of the expected size, one progress line per point; then
-`run --policy tuned` and `simulate` (text, JSON, timeline PNG) from that file.
+"""`neml2-dispatch tune` on a model with a tiny budget, the CPU on 2 lanes: its tune file
+parses and holds the sweep and the lanes, its plot is a real PNG of the expected size, one
+progress line per point; then `run --policy tuned` (on the file's lanes; other lanes
+refused) and `simulate` (text, JSON, timeline PNG, the CPU's lanes) from that file.
 
   check_cli_tune.py PROGRAM STUB WORKDIR
 """
@@ -38,9 +39,11 @@ def main():
         if os.path.exists(f):
             os.remove(f)
     done = run(program, "tune", stub, "--device", "cpu", "--budget", "3", "--max-rows", "4096",
-               "--repeats", "2", "--batch", "4096", "--out", tune_file, "--plot", curves)
+               "--repeats", "2", "--batch", "4096", "--cpu-lanes", "2", "--out", tune_file,
+               "--plot", curves)
     data = json.load(open(tune_file))
-    assert data["format"] == "neml2-dispatch tune file" and data["version"] == 2
+    assert data["format"] == "neml2-dispatch tune file" and data["version"] == 3
+    assert data["cpu_lanes"] == 2, data["cpu_lanes"]
     assert data["model"] == "elasticity" and data["dtype"] == "float64"
     device = data["devices"][0]
     assert device["device"] == "cpu" and len(device["artifact_hash"]) == 40
@@ -53,6 +56,10 @@ def main():
     top = max(p["median"] for p in device["points"])
     best = min(p["rows"] for p in device["points"] if p["median"] >= 0.97 * top)
     assert data["recommendations"]["sync"][0]["batch_size"] == best
+    # On the lanes measured: SyncChunking's size is one lane's, the pool's CPU chunk shared.
+    assert data["recommendations"]["sync"][0]["cpu_lanes"] == 2
+    pool = data["recommendations"]["pool"]
+    assert pool["cpu_lanes"] == 2 and pool["batch_sizes"][0] % 2 == 0, pool
     assert device["chunk_overhead"] >= 0
     # Not a terminal: one progress line per point, on stderr.
     lines = [l for l in done.stderr.splitlines() if l.startswith("tune cpu: ")]
@@ -63,6 +70,13 @@ def main():
     done = run(program, "run", stub, "--policy", "tuned", "--tune-file", tune_file, "--batch",
                "5000", "--repeats", "1")
     assert "neml2::GreedyPriorityCapacity{" in done.stdout and "rows/s median" in done.stdout
+    assert ".cpu_lanes = 2}" in done.stdout, done.stdout
+    refused = subprocess.run([program, "run", stub, "--policy", "tuned", "--tune-file", tune_file,
+                              "--batch", "5000", "--cpu-lanes", "1"],
+                             capture_output=True, text=True, timeout=150)
+    assert refused.returncode == 1, (refused.returncode, refused.stderr)
+    assert ("its cpu_lanes (the lanes its CPU sizes were measured on) is '2', but here it is "
+            "'1'" in refused.stderr and "--cpu-lanes 1" in refused.stderr), refused.stderr
 
     timeline = os.path.join(work, "timeline.png")
     sim_json = os.path.join(work, "sim.json")
@@ -71,6 +85,7 @@ def main():
                timeline)
     sim = json.load(open(sim_json))
     assert [d["name"] for d in sim["devices"]] == ["cpu", "cuda:0", "cuda:1"]
+    assert [d["lanes"] for d in sim["devices"]] == [2, 1, 1]  # the file's CPU lanes
     assert sum(c["rows"] for c in sim["timeline"]) == 1000000
     assert 0 < sim["efficiency"] <= 1
     assert png_size(timeline) == (800, 500)
@@ -88,6 +103,23 @@ def main():
         makespans.append((sim["makespan"], len(sim["timeline"])))
     (loaded, chunks), (bare, _) = makespans
     assert abs(loaded - bare - chunks * 1e-3) < 1e-9 * chunks, makespans
+
+    # Other lanes than measured: the curve is one lane's, the pool's CPU chunk shared by 4.
+    run(program, "simulate", tune_file, "--pool", "cpu", "--batch", "100000", "--cpu-lanes", "4",
+        "--overhead", "cpu=0", "--json", sim_json)
+    four = json.load(open(sim_json))
+    assert four["devices"][0]["lanes"] == 4
+    assert four["makespan"] < bare, (four["makespan"], bare)
+
+    # Lanes out of range: refused before any measurement or simulation.
+    for args, status, message in (
+            (("tune", stub, "--device", "cpu", "--cpu-lanes", "2000"), 1,
+             "tune(): cpu_lanes is 2000; give 0 (torch's intra-op thread count) to 1024"),
+            (("simulate", tune_file, "--pool", "cpu", "--batch", "10", "--cpu-lanes", "2000"), 2,
+             "--cpu-lanes 2000 is more than 1024, the most a policy asks for")):
+        done = subprocess.run([program, *args], capture_output=True, text=True, timeout=150)
+        assert done.returncode == status and message in done.stderr, (args, done.returncode,
+                                                                      done.stderr)
     print("tune, run and simulate: tune file, plots and timeline check out")
 
 

@@ -16,6 +16,14 @@ SimulatedDevice constant(double rate, double overhead = 0, double transfer = 0) 
   return {ThroughputCurve::constant(rate), overhead, transfer};
 }
 
+// The rows each device took over a simulation.
+std::vector<std::int64_t> rows_per_device(const Simulation& sim) {
+  std::vector<std::int64_t> rows(sim.busy.size(), 0);
+  for (const auto& c : sim.timeline)
+    rows[c.device] += c.rows;
+  return rows;
+}
+
 // Records what the simulator tells a policy, and chooses like GreedyPriorityCapacity.
 struct Recording {
   using dispatch_mode = asynchronous;
@@ -104,6 +112,107 @@ TEST_CASE("transfers: serial with one chunk in flight, hidden behind compute wit
             GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {300}, .capacities = {600}},
             cpu, 1000)
             .makespan == doctest::Approx(one.makespan).epsilon(1e-12));
+}
+
+TEST_CASE("CPU lanes: a CPU-only batch on 2 lanes takes half the time of 1") {
+  // One lane computes 100 rows/s; 1000 rows.
+  const std::vector<SimulatedDevice> cpu = {constant(100)};
+  const auto makespan = [&](const auto& policy) { return simulate(policy, cpu, 1000).makespan; };
+  // SyncChunking's chunks of 100: 1 at a time on one lane, 2 at once on two.
+  CHECK(makespan(SyncChunking{.batch_size = 100, .cpu_lanes = 1}) == doctest::Approx(10));
+  CHECK(makespan(SyncChunking{.batch_size = 100, .cpu_lanes = 2}) == doctest::Approx(5));
+  // A whole batch, and GreedyPriorityCapacity's chunks, cut over the lanes.
+  CHECK(makespan(SyncChunking{.cpu_lanes = 1}) == doctest::Approx(10));
+  CHECK(makespan(SyncChunking{.cpu_lanes = 2}) == doctest::Approx(5));
+  CHECK(makespan(GreedyPriorityCapacity{
+            .devices = {"cpu"}, .batch_sizes = {100}, .cpu_lanes = 1}) == doctest::Approx(10));
+  CHECK(makespan(GreedyPriorityCapacity{
+            .devices = {"cpu"}, .batch_sizes = {100}, .cpu_lanes = 2}) == doctest::Approx(5));
+  // cpu_lanes 0: the simulated CPU's intra-op threads (1 unless given).
+  CHECK(makespan(SyncChunking{.batch_size = 100}) == doctest::Approx(10));
+  std::vector<SimulatedDevice> two_threads = {constant(100)};
+  two_threads[0].intra_op_threads = 2;
+  const auto sim = simulate(SyncChunking{.batch_size = 100}, two_threads, 1000);
+  CHECK(sim.makespan == doctest::Approx(5));
+  CHECK(sim.lanes == std::vector<std::size_t>{2});
+  // Two chunks at a time, each on its own lane from the call's start.
+  REQUIRE(sim.timeline.size() == 10);
+  for (std::size_t i = 0; i < 10; ++i) {
+    CAPTURE(i);
+    CHECK(sim.timeline[i].dispatched == 0);
+    CHECK(sim.timeline[i].compute_start == doctest::Approx(static_cast<double>(i / 2)));
+    CHECK(sim.timeline[i].end == doctest::Approx(static_cast<double>(i / 2 + 1)));
+  }
+  // The ideal counts every lane; busy is averaged over them.
+  CHECK(sim.ideal == doctest::Approx(5));
+  CHECK(sim.efficiency() == doctest::Approx(1));
+  CHECK(sim.busy[0] == doctest::Approx(5));
+  CHECK(sim.idle[0] == doctest::Approx(0));
+  // An explicit cpu_lanes wins over the threads.
+  CHECK(simulate(SyncChunking{.batch_size = 100, .cpu_lanes = 1}, two_threads, 1000).makespan ==
+        doctest::Approx(10));
+  // A chunk cut over L lanes computes ceil(B / L) rows on each: 101 rows, 51 a lane.
+  CHECK(simulate(GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {101}, .cpu_lanes = 2},
+                 cpu, 101)
+            .makespan == doctest::Approx(0.51));
+}
+
+TEST_CASE("CPU lanes: a cut chunk runs at the curve's rate for one lane's rows") {
+  // Twice as fast per row at 100 rows as at 50: a chunk of 100 cut over 2 lanes (50 each)
+  // takes as long as on one lane, and chunks of 100, one per lane, take half.
+  const std::vector<SimulatedDevice> cpu = {{ThroughputCurve({{50, 50}, {100, 100}})}};
+  const auto cut = [&](std::int64_t lanes) {
+    return simulate(
+               GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {100}, .cpu_lanes = lanes},
+               cpu, 1000)
+        .makespan;
+  };
+  CHECK(cut(1) == doctest::Approx(10));
+  CHECK(cut(2) == doctest::Approx(10));
+  CHECK(simulate(SyncChunking{.batch_size = 100, .cpu_lanes = 2}, cpu, 1000).makespan ==
+        doctest::Approx(5));
+}
+
+TEST_CASE("CPU lanes: a hybrid batch's CPU share grows with the CPU's lanes, the GPU's chunks "
+          "do not change") {
+  // One CPU lane and the GPU: 100 and 300 rows/s, chunks of 100 and 300 (one second each):
+  // the CPU takes 1/4 of 4000 rows in 10 s. On 2 lanes a CPU chunk takes 0.5 s: it takes 200
+  // rows a second to the GPU's 300, 2/5 of the rows, in 8 s.
+  const std::vector<SimulatedDevice> node = {constant(100), constant(300)};
+  const auto pool = [](std::int64_t lanes) {
+    return GreedyPriorityCapacity{
+        .devices = {"cpu", "cuda:0"}, .batch_sizes = {100, 300}, .cpu_lanes = lanes};
+  };
+  const auto one = simulate(pool(1), node, 4000);
+  const auto two = simulate(pool(2), node, 4000);
+  CHECK(one.makespan == doctest::Approx(10));
+  CHECK(rows_per_device(one) == std::vector<std::int64_t>{1000, 3000});
+  CHECK(two.makespan == doctest::Approx(8));
+  CHECK(rows_per_device(two) == std::vector<std::int64_t>{1600, 2400});
+  CHECK(two.lanes == std::vector<std::size_t>{2, 1});
+  CHECK(two.ideal == doctest::Approx(4000.0 / 500));
+  for (const auto& c : two.timeline)
+    CHECK(c.end - c.compute_start == doctest::Approx(c.device == 0 ? 0.5 : 1.0));
+}
+
+TEST_CASE("CPU lanes: a tune file's CPU curve over its lanes is one lane's; bad lanes refused") {
+  DeviceCurve tuned{.device = "cpu"};
+  tuned.points = {{64, 10, 9, 11, 3}, {256, 30, 29, 31, 3}};
+  const auto lane = ThroughputCurve::from(tuned, 2);
+  CHECK(lane.rows_per_second(64) == doctest::Approx(5));
+  CHECK(lane.rows_per_second(256) == doctest::Approx(15));
+  CHECK_THROWS_WITH_AS((void)ThroughputCurve::from(tuned, 0),
+                       doctest::Contains("ThroughputCurve::from(cpu): lanes is 0"), FatalError);
+  std::vector<SimulatedDevice> none = {constant(1)};
+  none[0].intra_op_threads = 0;
+  CHECK_THROWS_WITH_AS((void)simulate(SyncChunking{}, none, 10),
+                       doctest::Contains("simulate(): simulated device 0 (cpu) has "
+                                         "intra_op_threads 0, the lanes a policy's cpu_lanes of 0 "
+                                         "runs on; give 1 to 1024"),
+                       FatalError);
+  // Not asked when the policy gives its lanes, nor off the CPU.
+  CHECK(simulate(SyncChunking{.cpu_lanes = 1}, none, 10).makespan == doctest::Approx(10));
+  CHECK(simulate(SyncChunking{.device = "cuda:0"}, none, 10).makespan == doctest::Approx(10));
 }
 
 TEST_CASE("idle time: a device that runs out of chunks waits for the others") {
@@ -246,8 +355,16 @@ TEST_CASE("the report: text per device, JSON with the timeline") {
   const auto text = format_simulation(sim, {"cpu", "cuda:0"});
   CHECK(test::contains(text, "makespan 10 s, ideal 10 s"));
   CHECK(test::contains(text, "100.0 % of ideal"));
+  CHECK(test::contains(text, "device       lanes   chunks"));
   const auto j = nlohmann::json::parse(simulation_json(sim, {"cpu", "cuda:0"}));
   CHECK(j["timeline"].size() == sim.timeline.size());
   CHECK(j["devices"][1]["name"] == "cuda:0");
+  CHECK(j["devices"][0]["lanes"] == 1);
+  const auto lanes =
+      simulate(GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {100}, .cpu_lanes = 4},
+               std::vector<SimulatedDevice>{constant(100)}, 100);
+  CHECK(test::contains(format_simulation(lanes, {"cpu"}),
+                       "cpu" + std::string(14, ' ') + "4" + std::string(8, ' ') + "1"));
+  CHECK(nlohmann::json::parse(simulation_json(lanes, {"cpu"}))["devices"][0]["lanes"] == 4);
   CHECK(j["makespan"].get<double>() == doctest::Approx(10));
 }

@@ -22,6 +22,7 @@
 using namespace neml2;
 using neml2::detail::choose_overlap_chunks; // the tuner's decisions, tested on their own
 using neml2::detail::chunk_overhead_from;
+using neml2::detail::pool_chunk_rows;
 using neml2::detail::run_sweep;
 using neml2::detail::summarize;
 using neml2::detail::Sweep;
@@ -280,7 +281,9 @@ TEST_CASE("recommendations: best sizes alone, knees for the pool, priorities fro
   r.pool.validate();
   CHECK(r.mpi.batch_sizes == std::vector<std::int64_t>{4096, 131072});
 
-  CHECK(to_cpp(r.sync[0]) == R"(neml2::SyncChunking{.device = "cpu", .batch_size = 4096})");
+  CHECK(to_cpp(r.sync[0]) ==
+        R"(neml2::SyncChunking{.device = "cpu", .batch_size = 4096, .cpu_lanes = 1})");
+  CHECK(to_cpp(r.sync[1]) == R"(neml2::SyncChunking{.device = "cuda:0", .batch_size = 131072})");
   CHECK(to_cpp(r.mpi) ==
         R"(neml2::MPIRankAssign({.devices = {"cpu", "cuda:0"}, .batch_sizes = {4096, 131072}}))");
   CHECK(contains(to_cpp(r.pool), R"(.batch_sizes = {2048, 65536})"));
@@ -291,6 +294,50 @@ TEST_CASE("recommendations: best sizes alone, knees for the pool, priorities fro
   CHECK(j["pool"]["capacities"][1] == 262144);
   CHECK(j["mpi"]["devices"][1] == "cuda:0");
   CHECK(nlohmann::json::parse(to_json(r.sync[0]))["device"] == "cpu");
+}
+
+TEST_CASE("on CPU lanes: SyncChunking's size is one lane's chunk, the pool's CPU chunk is shared") {
+  // The same table measured on 4 lanes: its CPU rows are one lane's chunk (4 ran at once).
+  auto table = two_devices();
+  table.machine.cpu_lanes = 4;
+  const auto r = recommend(table, 0.9);
+  const auto one = recommend(two_devices(), 0.9);
+  // SyncChunking: the table's rows, on the lanes they were measured on (none off the CPU).
+  CHECK(r.sync[0].batch_size == one.sync[0].batch_size);
+  CHECK(r.sync[0].cpu_lanes == 4);
+  CHECK(one.sync[0].cpu_lanes == 1);
+  CHECK(r.sync[1].cpu_lanes == 0);
+  // The pool: the CPU's knee (2048) times its lanes, one chunk in flight; the GPU's as before.
+  CHECK(r.pool.batch_sizes == std::vector<std::int64_t>{4 * 2048, 65536});
+  CHECK(r.pool.capacities == std::vector<std::int64_t>{4 * 2048, 4 * 65536});
+  CHECK(r.pool.cpu_lanes == 4);
+  CHECK(r.pool.priorities == one.pool.priorities); // the rates are all lanes' already
+  CHECK(r.mpi.batch_sizes == one.mpi.batch_sizes); // a rank's chunk is one lane's too
+  r.pool.validate();
+  // What to paste says which is which.
+  const auto cpp = to_cpp(r);
+  CHECK(contains(cpp,
+                 "// cpu alone: chunks of 4096 rows, one per lane, on 4 lane(s)\n"
+                 R"(neml2::SyncChunking{.device = "cpu", .batch_size = 4096, .cpu_lanes = 4})"));
+  CHECK(contains(cpp, "// every device at once: the cpu's chunk of 8192 rows is shared by its 4 "
+                      "lane(s)\n"));
+  CHECK(contains(cpp, ".cpu_lanes = 4}"));
+  const auto j = nlohmann::json::parse(to_json(r));
+  CHECK(j["sync"][0]["cpu_lanes"] == 4);
+  CHECK(j["pool"]["cpu_lanes"] == 4);
+  CHECK(j["pool"]["batch_sizes"][0] == 8192);
+  CHECK(contains(format_table(table), "cpu: measured on 4 lane(s); rows are one lane's chunk"));
+  // A pool without the CPU asks for no lanes.
+  auto gpu_only = table;
+  gpu_only.devices.erase(gpu_only.devices.begin());
+  CHECK(recommend(gpu_only).pool.cpu_lanes == 0);
+  CHECK(!contains(to_cpp(recommend(gpu_only)), "cpu_lanes"));
+
+  CHECK(pool_chunk_rows("cpu", 2048, 4) == 8192);
+  CHECK(pool_chunk_rows("cuda:0", 2048, 4) == 2048); // an accelerator has no CPU lanes
+  CHECK(pool_chunk_rows("cpu", 2048, 0) == 2048);
+  const auto huge = std::numeric_limits<std::int64_t>::max() / 2;
+  CHECK(pool_chunk_rows("cpu", huge, 4) == std::numeric_limits<std::int64_t>::max());
 }
 
 TEST_CASE("the overlap test keeps the fewest chunks in flight within 3 % of the best") {
@@ -330,12 +377,14 @@ TEST_CASE("recommend() refuses a table with no device or no measured size") {
 }
 
 TEST_CASE("the tune file round trip keeps every field") {
-  const auto r = two_devices();
+  auto r = two_devices();
+  r.machine.cpu_lanes = 3;
   const auto back = parse_tune_file(tune_file_text(r), "memory");
   CHECK(back.model == r.model);
   CHECK(back.operation == r.operation);
   CHECK(back.machine.torch_version == r.machine.torch_version);
   CHECK(back.machine.intra_op_threads == r.machine.intra_op_threads);
+  CHECK(back.machine.cpu_lanes == r.machine.cpu_lanes);
   CHECK(back.machine.host_cpu == r.machine.host_cpu);
   CHECK(back.machine.dtype == r.machine.dtype);
   REQUIRE(back.devices.size() == 2);
@@ -357,13 +406,16 @@ TEST_CASE("the tune file round trip keeps every field") {
   CHECK(recommend(back).pool.batch_sizes == recommend(r).pool.batch_sizes);
   // The recommendations written for people are those recommend() makes.
   const auto j = nlohmann::json::parse(tune_file_text(r));
+  CHECK(j["cpu_lanes"] == 3); // the lanes the CPU was measured on, stated
   CHECK(j["recommendations"]["pool"]["batch_sizes"][1] == 65536);
+  CHECK(j["recommendations"]["pool"]["batch_sizes"][0] == 3 * 2048);
+  CHECK(j["recommendations"]["sync"][0]["cpu_lanes"] == 3);
 }
 
 TEST_CASE("a malformed tune file is refused, naming the field") {
   const auto good = nlohmann::json::parse(tune_file_text(two_devices()));
   for (const auto* key : {"format", "version", "model", "operation", "dtype", "torch_version",
-                          "intra_op_threads", "host_cpu", "devices"}) {
+                          "intra_op_threads", "cpu_lanes", "host_cpu", "devices"}) {
     auto f = good;
     f.erase(key);
     refused(f, std::string("field '") + key + "' is missing");
@@ -404,7 +456,15 @@ TEST_CASE("a malformed tune file is refused, naming the field") {
   refused(f, "field 'devices[0].chunk_overhead' must be a non-negative number");
   f = good;
   f["version"] = 1; // before chunk_overhead
-  refused(f, "field 'version' is 1; this library reads version 2");
+  refused(f, "field 'version' is 1; this library reads version 3");
+  f = good;
+  f["version"] = 2; // before cpu_lanes: its CPU rows may be one lane's or all lanes'
+  refused(f, "field 'version' is 2; this library reads version 3");
+  for (const int lanes : {0, 1025}) {
+    f = good;
+    f["cpu_lanes"] = lanes;
+    refused(f, "field 'cpu_lanes' must be from 1 to 1024 (the lanes the CPU was measured on)");
+  }
   f = good;
   f["devices"] = nlohmann::json::array();
   refused(f, "field 'devices' is empty");
@@ -526,6 +586,57 @@ TEST_CASE("a tune file for another artifact or machine is refused, naming the ke
     CHECK(contains(e.what(), "neml2-dispatch tune " + artifact.root.string() +
                                  " --device cpu --dtype float64 --out t.json"));
   }
+}
+
+TEST_CASE("a tune file measured on other CPU lanes than the policy asks for is refused") {
+  const auto artifact = elasticity();
+  auto r = matching(artifact);
+  // Made here with the default lanes: torch's intra-op count, at most the hardware threads.
+  CHECK(r.machine.cpu_lanes == current_machine(at::kDouble, 0).cpu_lanes);
+  CHECK(r.machine.cpu_lanes >= 1);
+  CHECK(r.machine.cpu_lanes <= at::get_num_threads());
+  CHECK(current_machine(at::kDouble, 3).cpu_lanes == 3); // as asked (its runners are made)
+  CHECK_THROWS_WITH_AS((void)current_machine(at::kDouble, -1),
+                       doctest::Contains("cpu_lanes is -1; give 0 (torch's intra-op thread "
+                                         "count) to 1024"),
+                       FatalError);
+  check_tune_matches(r, artifact, at::kDouble, "t.json", 0);
+  // Measured on 3 lanes: a policy that takes the file's lanes (none asked) matches, one that
+  // asks for 3 does, one that asks for 2 (or for the intra-op count, here not 3) does not.
+  r.machine.cpu_lanes = 3;
+  check_tune_matches(r, artifact, at::kDouble, "t.json");
+  check_tune_matches(r, artifact, at::kDouble, "t.json", 3);
+  const auto refused = [&](std::int64_t lanes, const std::string& part) {
+    CAPTURE(lanes);
+    CHECK_THROWS_WITH_AS(check_tune_matches(r, artifact, at::kDouble, "t.json", lanes),
+                         doctest::Contains(part.c_str()), FatalError);
+  };
+  refused(2, "tune file t.json does not match: its cpu_lanes (the lanes its CPU sizes were "
+             "measured on) is '3', but here it is '2'; re-tune on this machine: "
+             "neml2-dispatch tune " +
+                 artifact.root.string() +
+                 " --device cpu --dtype float64 --cpu-lanes 2 --out t.json");
+  if (current_machine(at::kDouble, 0).cpu_lanes != 3)
+    refused(0, "its cpu_lanes (the lanes its CPU sizes were measured on) is '3', but here it is '" +
+                   std::to_string(current_machine(at::kDouble, 0).cpu_lanes) + "'");
+
+  // tuned_policy: the file's lanes, or those asked for, checked.
+  const test::Scratch scratch;
+  const auto file = scratch.dir / "lanes.tune.json";
+  write_tune_file(file, r);
+  const auto pool = tuned_policy<GreedyPriorityCapacity>(file, artifact);
+  CHECK(pool.cpu_lanes == 3);
+  CHECK(pool.batch_sizes == std::vector<std::int64_t>{3 * 2048}); // shared by the 3 lanes
+  const auto sync = tuned_policy<SyncChunking>(file, artifact);
+  CHECK(sync.cpu_lanes == 3);
+  CHECK(sync.batch_size == 4096); // one lane's chunk
+  CHECK(tuned_policy<SyncChunking>(file, artifact, at::kDouble, 3).cpu_lanes == 3);
+  CHECK_THROWS_WITH_AS((void)tuned_policy<GreedyPriorityCapacity>(file, artifact, at::kDouble, 2),
+                       doctest::Contains("its cpu_lanes (the lanes its CPU sizes were measured "
+                                         "on) is '3', but here it is '2'"),
+                       FatalError);
+  CHECK_THROWS_WITH_AS((void)load_tuning(file, artifact, at::kDouble, 5),
+                       doctest::Contains("is '3', but here it is '5'"), FatalError);
 }
 
 TEST_CASE("the artifact hash changes with metadata.json and with the graphs, and only there") {
@@ -658,13 +769,17 @@ TEST_CASE("the lane test runs once per device, and its timings make chunk_overhe
                         lane = through_pool.seconds;
                         chunks = per_call;
                       }};
+  options.cpu_lanes = 2;
   const auto r = tune(artifact, {"cpu"}, options, "elasticity");
   REQUIRE(lane_tests == 1);
   CHECK(direct.size() == 3);
   CHECK(lane.size() == 3);
-  // Calls of 64 rows in chunks at the knee (at most 16 rows): at least 4 chunks each.
-  CHECK(chunks == (64 + r.devices[0].knee().rows - 1) / r.devices[0].knee().rows);
-  CHECK(chunks >= 4);
+  // Calls of 64 rows through the pool in its chunks: the knee (at most 16 rows) times the 2
+  // lanes that share each, so at least 2 chunks a call.
+  CHECK(r.machine.cpu_lanes == 2);
+  const auto pooled = 2 * r.devices[0].knee().rows;
+  CHECK(chunks == (64 + pooled - 1) / pooled);
+  CHECK(chunks >= 2);
   CHECK(r.devices[0].chunk_overhead == chunk_overhead_from(direct, lane, chunks));
 
   options.lane_test = false;
@@ -701,10 +816,22 @@ TEST_CASE("tune() on a real model: a table whose keys match this machine") {
   check_tune_matches(r, artifact, at::kDouble); // made here: it matches
   const auto back = parse_tune_file(tune_file_text(r), "memory");
   check_tune_matches(back, artifact, at::kDouble);
+  // Measured on the lanes a default policy takes here, and the file says how many.
+  CHECK(r.machine.cpu_lanes == current_machine(at::kDouble).cpu_lanes);
+  check_tune_matches(back, artifact, at::kDouble, {}, 0);
 
   options.operation = "jacobian";
   options.sweep.max_rows = 4;
-  CHECK(tune(artifact, {"cpu"}, options).devices[0].points.back().rows <= 4);
+  options.cpu_lanes = 3; // measured on the lanes asked for, and the table says how many
+  const auto jacobian = tune(artifact, {"cpu"}, options);
+  CHECK(jacobian.devices[0].points.back().rows <= 4);
+  CHECK(jacobian.machine.cpu_lanes == 3);
+  options.cpu_lanes = -1;
+  CHECK_THROWS_WITH_AS((void)tune(artifact, {"cpu"}, options),
+                       doctest::Contains("tune(): cpu_lanes is -1; give 0 (torch's intra-op "
+                                         "thread count) to 1024"),
+                       FatalError);
+  options.cpu_lanes = 0;
   options.operation = "jvp";
   CHECK_THROWS_WITH_AS((void)tune(artifact, {"cpu"}, options),
                        doctest::Contains("operation 'jvp' is not one tune() measures"), FatalError);

@@ -3,6 +3,7 @@
 
 #include <map>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -24,6 +25,7 @@ struct RunCommand {
   std::vector<std::int64_t> batch_sizes, capacities;
   std::string tune_file;
   std::int64_t batch = 0;
+  std::optional<std::int64_t> cpu_lanes; // tuned: the file's unless given
 
   CLI::App* add(CLI::App& app) {
     auto* c = app.add_subcommand("run", "evaluate a generated batch with a policy and print its "
@@ -40,6 +42,11 @@ struct RunCommand {
     c->add_option("--capacity", capacities, "greedy: rows in flight per device")
         ->check(whole_number());
     c->add_option("--tune-file", tune_file, "tuned: the tune file")->check(CLI::ExistingFile);
+    c->add_option("--cpu-lanes", cpu_lanes,
+                  "the lanes the CPU's chunks run on (0: torch's intra-op thread count; default "
+                  "0, or with --policy tuned the lanes the tune file was measured on, and a file "
+                  "measured on others is refused)")
+        ->check(whole_number(0));
     return c;
   }
 
@@ -79,19 +86,22 @@ struct RunCommand {
       if (tune_file.empty())
         throw UsageError("--policy tuned needs --tune-file FILE (written by neml2-dispatch tune)");
       const auto p = neml2::tuned_policy<neml2::GreedyPriorityCapacity>(
-          tune_file, artifact, evaluation.model.scalar_type());
+          tune_file, artifact, evaluation.model.scalar_type(), cpu_lanes);
       measure(artifact, p, neml2::to_cpp(p));
     } else if (policy == "sync") {
       if (devices.size() != 1 || batch_sizes.size() > 1)
         throw UsageError("--policy sync takes one --device and at most one --batch-size");
       const neml2::SyncChunking p{.device = devices.front(),
-                                  .batch_size = batch_sizes.empty() ? 0 : batch_sizes.front()};
+                                  .batch_size = batch_sizes.empty() ? 0 : batch_sizes.front(),
+                                  .cpu_lanes = cpu_lanes.value_or(0)};
       measure(artifact, p, neml2::to_cpp(p));
     } else {
       if (batch_sizes.empty())
         throw UsageError("--policy greedy needs --batch-size (one, or one per device)");
-      const neml2::GreedyPriorityCapacity p{
-          .devices = as_devices(devices), .batch_sizes = batch_sizes, .capacities = capacities};
+      const neml2::GreedyPriorityCapacity p{.devices = as_devices(devices),
+                                            .batch_sizes = batch_sizes,
+                                            .capacities = capacities,
+                                            .cpu_lanes = cpu_lanes.value_or(0)};
       measure(artifact, p, neml2::to_cpp(p));
     }
   }

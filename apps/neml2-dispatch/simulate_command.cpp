@@ -1,6 +1,6 @@
 // neml2-dispatch simulate: throughput curves (a tune file's, or given by hand) replayed
-// through GreedyPriorityCapacity on a virtual node; the report, its timeline as JSON, and
-// optionally a plot.
+// through GreedyPriorityCapacity on a virtual node, the CPU on its lanes; the report, its
+// timeline as JSON, and optionally a plot.
 
 #include <cctype>
 #include <cerrno>
@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -142,11 +143,22 @@ void parse_per_family(const std::vector<std::string>& given, const char* flag,
   }
 }
 
+// `curve` with every rate times `factor`.
+neml2::DeviceCurve scaled(neml2::DeviceCurve curve, double factor) {
+  for (auto& p : curve.points) {
+    p.median *= factor;
+    p.low *= factor;
+    p.high *= factor;
+  }
+  return curve;
+}
+
 struct SimulateCommand {
   std::string tune_file, pool_text, json_file, plot_file, python;
   std::vector<std::string> curves, overheads, transfers;
   std::int64_t batch = 0;
   int calls = 1;
+  std::optional<std::int64_t> cpu_lanes; // default: the tune file's, else 1
 
   CLI::App* add(CLI::App& app) {
     auto* c = app.add_subcommand("simulate", "replay throughput curves through "
@@ -163,6 +175,10 @@ struct SimulateCommand {
                   "test; 0 for a curve by hand)");
     c->add_option("--transfer", transfers,
                   "seconds per row copied (accelerators): SECONDS or FAMILY=SECONDS");
+    c->add_option("--cpu-lanes", cpu_lanes,
+                  "the simulated CPU's lanes (default: those the tune file was measured on, or "
+                  "1; its curve, or one by hand, is taken as one lane's rate)")
+        ->check(whole_number());
     c->add_option("--json", json_file, "write the report and timeline as JSON");
     c->add_option("--plot", plot_file, "draw the timeline into this PNG");
     c->add_option("--python", python, "the Python with matplotlib that draws the plot");
@@ -175,32 +191,45 @@ struct SimulateCommand {
     if (!plot_file.empty())
       check_writable(plot_file, "--plot");
     const auto pool = parse_pool(pool_text);
-    // One curve per family: the tune file's first device of it, or one by hand.
+    // One curve per family, of one lane on the CPU: the tune file's first device of it (its
+    // CPU rates over the lanes it was measured on), or one by hand.
     std::map<neml2::DeviceFamily, neml2::DeviceCurve> by_family;
-    if (!tune_file.empty())
-      for (const auto& curve : neml2::read_tune_file(tune_file).devices)
-        by_family.try_emplace(curve.device.family(), curve);
+    int file_lanes = 1;
+    if (!tune_file.empty()) {
+      const auto file = neml2::read_tune_file(tune_file);
+      file_lanes = file.machine.cpu_lanes;
+      for (const auto& curve : file.devices)
+        by_family.try_emplace(curve.device.family(),
+                              scaled(curve, curve.device.family() == neml2::DeviceFamily::cpu
+                                                ? 1.0 / file_lanes
+                                                : 1.0));
+    }
     for (const auto& text : curves) {
       auto [family, curve] = parse_curve(text);
       by_family[family] = curve;
     }
+    const auto lanes = cpu_lanes.value_or(file_lanes);
+    if (lanes > neml2::max_cpu_lanes)
+      throw UsageError(fmt::format("--cpu-lanes {} is more than {}, the most a policy asks for",
+                                   lanes, neml2::max_cpu_lanes));
     std::map<neml2::DeviceFamily, double> overhead, transfer;
     parse_per_family(overheads, "--overhead", overhead, false);
     parse_per_family(transfers, "--transfer", transfer, true);
-    // The pool policy recommended for one device of each family, given to each of its devices.
-    neml2::TuneResult families;
+    // The pool policy recommended for one device of each family, given to each of its
+    // devices: from the CPU's rates on all its lanes (one lane's times the lanes).
+    neml2::TuneResult families{.machine = {.cpu_lanes = static_cast<int>(lanes)}};
     for (const auto& [device, family] : pool)
       if (!by_family.contains(family))
         throw UsageError(fmt::format("--pool lists {}, but no curve for {} was given: tune it, or "
                                      "give --curve {}=ROWS:RATE,...",
                                      device.str(), neml2::name(family), neml2::name(family)));
     for (const auto& [family, curve] : by_family) {
-      auto c = curve;
+      auto c = scaled(curve, family == neml2::DeviceFamily::cpu ? static_cast<double>(lanes) : 1.0);
       c.device = family;
       families.devices.push_back(c);
     }
     const auto recommended = neml2::recommend(families).pool;
-    neml2::GreedyPriorityCapacity policy;
+    neml2::GreedyPriorityCapacity policy{.cpu_lanes = recommended.cpu_lanes};
     std::vector<neml2::SimulatedDevice> node;
     std::vector<std::string> names;
     for (const auto& [device, family] : pool) {

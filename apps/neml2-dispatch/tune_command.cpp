@@ -54,6 +54,7 @@ struct TuneCommand {
   double budget = 30;
   std::int64_t batch = std::int64_t{1} << 16;
   std::int64_t min_rows = 1, max_rows = std::int64_t{1} << 22;
+  std::int64_t cpu_lanes = 0;
   std::string out, plot_file, python;
 
   CLI::App* add(CLI::App& app) {
@@ -71,6 +72,10 @@ struct TuneCommand {
     c->add_option("--min-rows", min_rows, "the smallest chunk size")->check(whole_number());
     c->add_option("--max-rows", max_rows, "the largest chunk size (also capped to what fits)")
         ->check(whole_number());
+    c->add_option("--cpu-lanes", cpu_lanes,
+                  "the lanes the CPU's chunks run on, as the policies you will run ask "
+                  "(default 0: torch's intra-op thread count); the file states the number")
+        ->check(whole_number(0));
     c->add_option("--out", out, "the tune file to write (default: <model>.tune.json)");
     c->add_option("--plot", plot_file, "also draw the curves into this PNG");
     c->add_option("--python", python, "the Python with matplotlib that draws the plot");
@@ -94,6 +99,7 @@ struct TuneCommand {
         .repeats = evaluation.measured.repeats,
         .batch_rows = batch,
         .inputs = evaluation.inputs.inputs(),
+        .cpu_lanes = cpu_lanes,
         .on_point = {}};
     std::size_t last = 0;
     options.on_point = [&](std::size_t d, const neml2::TunePoint& p,

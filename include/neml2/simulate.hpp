@@ -11,10 +11,15 @@
 /// (detail/async_schedule.hpp), next_chunk() with the rows in flight per device until it
 /// waits, on_dispatched() per chunk, on_completed() with the chunk's seconds as each
 /// completes (in completion order; ties in dispatch order). A chunk
-/// waits for a free lane of its device (chunks_in_flight, on accelerators), copies its rows
+/// waits for a free slot of its device (chunks_in_flight, on accelerators), copies its rows
 /// (`transfer_seconds_per_row`, overlapping other chunks' compute), then computes for
 /// `chunk_overhead` + rows / throughput(rows), one chunk at a time per device.
-/// Deterministic: no clock, no thread.
+///
+/// The CPU has L lanes, as in a model: the policy's `cpu_lanes`, or for 0 the simulated
+/// CPU's `intra_op_threads`; its curve is one lane's rate. A chunk the library cuts over
+/// the lanes (an asynchronous policy's CPU chunk, a synchronous policy's whole batch) of B
+/// rows computes for `chunk_overhead` + time(ceil(B / L)) on all of them; a synchronous
+/// policy's smaller chunks run L at once, one per lane. Deterministic: no clock, no thread.
 /// @code
 /// std::vector<neml2::SimulatedDevice> node = {{neml2::ThroughputCurve::constant(2e6)}};
 /// for (int g = 0; g < 8; ++g)
@@ -43,7 +48,8 @@
 namespace neml2 {
 
 /// @brief Rows per second against rows per call: interpolated linearly in log-log between
-/// the given sizes, flat beyond the first and the last.
+/// the given sizes, flat beyond the first and the last. On the CPU, one lane's rate (while
+/// the others run too).
 class ThroughputCurve {
 public:
   ThroughputCurve() = default;
@@ -51,8 +57,9 @@ public:
   explicit ThroughputCurve(std::vector<std::pair<std::int64_t, double>> points);
   /// A flat curve: `rows_per_second` at every size.
   [[nodiscard]] static ThroughputCurve constant(double rows_per_second);
-  /// The measured points of a tuned device's curve (medians).
-  [[nodiscard]] static ThroughputCurve from(const DeviceCurve& curve);
+  /// The measured points of a tuned device's curve (medians) over `lanes`: a tune file's CPU
+  /// rates are those of its MachineKey::cpu_lanes lanes together; give them for one lane's.
+  [[nodiscard]] static ThroughputCurve from(const DeviceCurve& curve, int lanes = 1);
 
   /// The rate, in rows per second, of chunks of `rows` rows (a FatalError for an empty curve).
   [[nodiscard]] double rows_per_second(std::int64_t rows) const;
@@ -69,9 +76,12 @@ private:
 
 /// One device of a simulated node.
 struct SimulatedDevice {
-  ThroughputCurve curve = {};          ///< its compute rate against rows per chunk
+  ThroughputCurve curve = {};          ///< its compute rate (a CPU lane's) against rows per chunk
   double chunk_overhead = 0;           ///< seconds per chunk (launch, dispatch)
   double transfer_seconds_per_row = 0; ///< copying a row's inputs and results
+  /// On the CPU: torch's intra-op thread count, the lanes a policy's cpu_lanes of 0 runs on
+  /// (>= 1; ignored elsewhere).
+  std::int64_t intra_op_threads = 1;
 };
 
 /// One chunk on the virtual clock.
@@ -91,9 +101,9 @@ struct SimulatedChunk {
   /// @var dispatched
   /// When the policy dispatched it, in seconds on the virtual clock.
   /// @var start
-  /// When it took a free lane of its device and began copying its rows, in seconds.
+  /// When it took a free slot of its device and began copying its rows, in seconds.
   /// @var compute_start
-  /// When it began computing (its rows copied, the device's previous chunk done), in seconds.
+  /// When it began computing (its rows copied, its lanes free), in seconds.
   /// @var end
   /// When it completed, in seconds on the virtual clock.
   double dispatched = 0, start = 0, compute_start = 0, end = 0;
@@ -101,13 +111,16 @@ struct SimulatedChunk {
 
 /// What a simulation found.
 struct Simulation {
-  std::int64_t batch = 0;        ///< rows per call
-  std::size_t calls = 1;         ///< calls simulated, one after another
-  double makespan = 0;           ///< from the first call to the end of the last
-  double ideal = 0;              ///< every row at the sum of the devices' peak rates, no overhead
-  std::vector<double> busy = {}; ///< per device: seconds computing (overhead included)
-  std::vector<double> idle = {}; ///< per device: makespan - busy
-  std::vector<double> call_ends = {};        ///< per call: when its last chunk completed
+  std::int64_t batch = 0; ///< rows per call
+  std::size_t calls = 1;  ///< calls simulated, one after another
+  double makespan = 0;    ///< from the first call to the end of the last
+  /// Every row at the sum of the devices' peak rates (the CPU's times its lanes), no overhead.
+  double ideal = 0;
+  /// Per device: seconds computing (overhead included; on the CPU, averaged over its lanes).
+  std::vector<double> busy = {};
+  std::vector<double> idle = {};       ///< per device: makespan - busy
+  std::vector<std::size_t> lanes = {}; ///< per device: the lanes it computed on (1 off the CPU)
+  std::vector<double> call_ends = {};  ///< per call: when its last chunk completed
   std::vector<SimulatedChunk> timeline = {}; ///< every chunk of every call, in dispatch order
   /// ideal / makespan: 1 when the devices ran at their peak rates throughout (1 for no work).
   [[nodiscard]] double efficiency() const { return makespan > 0 ? ideal / makespan : 1; }
@@ -121,13 +134,17 @@ struct Simulation {
                                           const std::vector<std::string>& names);
 
 namespace detail {
-// The virtual node: lanes, compute queues and chunk times (src/simulate.cpp).
+// The virtual node: slots for chunks in flight, compute lanes and chunk times
+// (src/tools/simulate.cpp).
 class VirtualNode {
 public:
-  VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::size_t> lanes);
-  /// Schedules a chunk dispatched at `now`; returns its completion time and its seconds
-  /// from starting on a lane to completing (what DispatchedModel reports).
-  std::pair<double, double> run(SimulatedChunk& chunk, double now);
+  /// Per device: the chunks it may have in flight, and the lanes it computes on.
+  VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::size_t> in_flight,
+              std::vector<std::size_t> lanes);
+  /// Schedules a chunk dispatched at `now`, cut over all its device's lanes (`cut`) or on
+  /// the first free one; returns its completion time and its seconds from taking a slot to
+  /// completing (what DispatchedModel reports).
+  std::pair<double, double> run(SimulatedChunk& chunk, double now, bool cut = true);
   [[nodiscard]] Simulation finish(std::int64_t batch, std::size_t calls, double makespan,
                                   std::vector<double> call_ends,
                                   std::vector<SimulatedChunk> timeline) const;
@@ -135,9 +152,16 @@ public:
 
 private:
   std::vector<SimulatedDevice> _devices;
-  std::vector<std::vector<double>> _lane_free;
-  std::vector<double> _compute_free, _busy;
+  std::vector<std::vector<double>> _slot_free;    // per device, per chunk in flight
+  std::vector<std::vector<double>> _compute_free; // per device, per lane
+  std::vector<double> _busy;
 };
+
+/// The lanes each of `devices` computes on for a policy asking `requested` CPU lanes: on the
+/// CPU `requested`, or for 0 its simulated intra_op_threads (checked >= 1); 1 elsewhere.
+[[nodiscard]] std::vector<std::size_t> simulated_lanes(const std::vector<Device>& devices,
+                                                       std::span<const SimulatedDevice> simulated,
+                                                       std::size_t requested);
 
 [[noreturn]] void simulate_refuse(const std::string& message);
 /// Refuses a simulation that would pass max_simulated_chunks (its timeline alone would take
@@ -166,8 +190,12 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
   if (batch < 0 || calls < 1)
     detail::simulate_refuse("a simulation needs batch >= 0 and calls >= 1 (batch " +
                             std::to_string(batch) + ", calls " + std::to_string(calls) + ")");
-  detail::VirtualNode node({devices.begin(), devices.end()},
-                           detail::chunks_in_flight(policy, listed));
+  const auto lanes = detail::simulated_lanes(listed, devices, detail::requested_cpu_lanes(policy));
+  auto in_flight = detail::chunks_in_flight(policy, listed);
+  if constexpr (!is_asynchronous_policy_v<Policy>) // a synchronous call's chunks: one a lane
+    for (std::size_t d = 0; d < in_flight.size(); ++d)
+      in_flight[d] = std::max(in_flight[d], lanes[d]);
+  detail::VirtualNode node({devices.begin(), devices.end()}, std::move(in_flight), lanes);
   std::vector<SimulatedChunk> timeline;
   std::vector<double> call_ends;
   double now = 0;
@@ -185,7 +213,8 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
       detail::ScheduledCall scheduled(batch);
       const auto dispatch = [&](detail::ScheduledCall& c) {
         schedule.dispatch(
-            c, [&](const detail::ScheduledChunk&) {
+            c,
+            [&](const detail::ScheduledChunk&) {
               detail::check_chunk_count(timeline.size(), 1, 1, batch, calls);
             },
             [&](const detail::ScheduledChunk& chunk) {
@@ -223,11 +252,15 @@ Simulation simulate(const Policy& policy, std::span<const SimulatedDevice> devic
       if (batch > 0) // every call's chunks counted before any is scheduled
         detail::check_chunk_count(timeline.size(), static_cast<std::size_t>((batch - 1) / rows + 1),
                                   calls - call, batch, calls);
+      // Dispatched together at the call's start; a whole batch is cut over the lanes, smaller
+      // chunks take the lanes one each, as they free up.
+      const auto start = now;
+      const bool whole = rows >= batch;
       detail::for_each_chunk(
           batch, rows, [&](std::int64_t first, std::int64_t n, std::size_t index) {
             SimulatedChunk chunk{
                 .call = call, .index = index, .device = d, .first = first, .rows = n};
-            now = node.run(chunk, now).first;
+            now = std::max(now, node.run(chunk, start, whole).first);
             timeline.push_back(chunk);
           });
       call_ends.push_back(now);

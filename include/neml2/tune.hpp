@@ -129,6 +129,10 @@ struct MachineKey {
   int intra_op_threads = 0;       ///< at::get_num_threads() when tuned
   std::string host_cpu = {};      ///< the host CPU's model name, from /proc/cpuinfo
   std::string dtype = {};         ///< "float64", as the artifact folders are named
+  /// The lanes the CPU's sizes were measured on (TuneOptions::cpu_lanes as a model resolves
+  /// it: 0 became the intra-op count). A CPU point's rows are one lane's chunk; its rates
+  /// are all lanes' together.
+  int cpu_lanes = 1;
 };
 
 /// A whole tuning result: what a tune file holds.
@@ -146,6 +150,11 @@ struct TuneResult {
 /// the noise of one run, and the smaller holds less memory); one GreedyPriorityCapacity
 /// over all devices at their knees, priorities from their best throughput, capacities from
 /// their overlap tests; MPIRankAssign at the same sizes as SyncChunking.
+///
+/// On the CPU both policies get the lanes the table was measured on (`cpu_lanes`), and
+/// sizes as each policy counts them: SyncChunking's batch_size is one lane's chunk (the
+/// table's rows), GreedyPriorityCapacity's CPU batch size is the chunk all lanes share
+/// (the knee times the lanes).
 struct Recommendations {
   std::vector<SyncChunking> sync = {}; ///< in the table's device order
   std::size_t fastest = 0;             ///< the device of highest best throughput
@@ -191,8 +200,9 @@ void write_tune_file(const std::filesystem::path& file, const TuneResult& result
 /// Reads and parses `file`, without checking what it was made for (see load_tuning()).
 [[nodiscard]] TuneResult read_tune_file(const std::filesystem::path& file);
 
-/// This process's key: torch version, intra-op threads, host CPU, `dtype`.
-[[nodiscard]] MachineKey current_machine(c10::ScalarType dtype);
+/// This process's key: torch version, intra-op threads, host CPU, `dtype`, and the lanes a
+/// model's CPU calls run on when its policy asks for `cpu_lanes` (0: torch's intra-op count).
+[[nodiscard]] MachineKey current_machine(c10::ScalarType dtype, std::int64_t cpu_lanes = 0);
 /// The CPU's model name, or the accelerator's name (a FatalError for a device that this
 /// process cannot use).
 [[nodiscard]] std::string device_name(const Device& device);
@@ -201,26 +211,39 @@ void write_tune_file(const std::filesystem::path& file, const TuneResult& result
                                         c10::ScalarType dtype);
 
 /// Checks that `result` was made for `artifact`, this machine and `dtype`: a FatalError
-/// names the first key that differs, both values, and the command that re-tunes.
+/// names the first key that differs, both values, and the command that re-tunes. With
+/// `cpu_lanes` (the lanes the policy built from it asks for, as a policy's cpu_lanes: 0 for
+/// torch's intra-op count here), a table with a CPU must have been measured on as many
+/// lanes; without, the policy is taken to use the table's own (as recommend() sets them).
 void check_tune_matches(const TuneResult& result, const Artifact& artifact, c10::ScalarType dtype,
-                        const std::filesystem::path& file = {});
+                        const std::filesystem::path& file = {},
+                        std::optional<std::int64_t> cpu_lanes = std::nullopt);
 
 /// read_tune_file + check_tune_matches.
 [[nodiscard]] TuneResult load_tuning(const std::filesystem::path& file, const Artifact& artifact,
-                                     c10::ScalarType dtype = c10::kDouble);
+                                     c10::ScalarType dtype = c10::kDouble,
+                                     std::optional<std::int64_t> cpu_lanes = std::nullopt);
 
 /// @brief A policy built from a checked tune file: SyncChunking (the fastest device at its
 /// best size), GreedyPriorityCapacity (every device tuned), or any type constructible from
 /// MPIRankAssignSettings' fields as `P::Config{.devices, .batch_sizes}` (MPIRankAssign).
+/// SyncChunking and GreedyPriorityCapacity run the CPU on the lanes the file was measured on;
+/// with `cpu_lanes`, on those, and a file measured on others is refused (check_tune_matches).
 template <class P>
 P tuned_policy(const std::filesystem::path& file, const Artifact& artifact,
-               c10::ScalarType dtype = c10::kDouble) {
-  const auto recommended = recommend(load_tuning(file, artifact, dtype));
-  if constexpr (std::is_same_v<P, GreedyPriorityCapacity>)
+               c10::ScalarType dtype = c10::kDouble,
+               std::optional<std::int64_t> cpu_lanes = std::nullopt) {
+  auto recommended = recommend(load_tuning(file, artifact, dtype, cpu_lanes));
+  if constexpr (std::is_same_v<P, GreedyPriorityCapacity>) {
+    if (cpu_lanes)
+      recommended.pool.cpu_lanes = *cpu_lanes;
     return recommended.pool;
-  else if constexpr (std::is_same_v<P, SyncChunking>)
-    return recommended.sync.at(recommended.fastest);
-  else {
+  } else if constexpr (std::is_same_v<P, SyncChunking>) {
+    auto& sync = recommended.sync.at(recommended.fastest);
+    if (cpu_lanes)
+      sync.cpu_lanes = *cpu_lanes;
+    return sync;
+  } else {
     typename P::Config config;
     config.devices = recommended.mpi.devices;
     config.batch_sizes = recommended.mpi.batch_sizes;
@@ -265,6 +288,10 @@ struct TuneOptions {
   bool overlap_test = true;
   /// Time a pool's lane against the calling thread at the knee (DeviceCurve::chunk_overhead).
   bool lane_test = true;
+  /// The lanes the CPU's sizes are measured on, as a policy's cpu_lanes (0 to 1024; 0:
+  /// torch's intra-op count): those of the policies you will run. The table states the
+  /// number (MachineKey::cpu_lanes); its CPU rows are one lane's chunk.
+  std::int64_t cpu_lanes = 0;
   /// Called after each point (device index, point, the device's sweep).
   std::function<void(std::size_t, const TunePoint&, const detail::Sweep&)> on_point = {};
   /// Called after each device's lane test (device index, the calls through the calling
@@ -273,8 +300,9 @@ struct TuneOptions {
   std::function<void(std::size_t, const Timing&, const Timing&, std::int64_t)> on_lane_test = {};
 };
 
-/// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch), then
-/// runs the overlap and lane tests the options ask for.
+/// Sweeps each device through `DispatchedModel<SyncChunking>` (one call per batch; on the
+/// CPU its chunks run `cpu_lanes` at once), then runs the overlap and lane tests the
+/// options ask for.
 [[nodiscard]] TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                               const TuneOptions& options = {}, const std::string& model = {});
 

@@ -1,9 +1,11 @@
-// The machine key a tune file is checked against: torch, threads, the host CPU, each
-// device's name and usability, and a hash of the artifact's files for a device.
+// The machine key a tune file is checked against: torch, threads, the CPU's lanes, the
+// host CPU, each device's name and usability, and a hash of the artifact's files for a
+// device.
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include <ATen/Parallel.h>
 #include <c10/util/hash.h>
@@ -12,6 +14,7 @@
 
 #include <neml2/tune.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "tools/cuda_driver.hpp"
 
 namespace neml2 {
@@ -29,11 +32,25 @@ static std::string host_cpu_name() {
   return "unknown CPU";
 }
 
-MachineKey current_machine(c10::ScalarType dtype) {
+// The lanes a model's CPU call runs on when its policy asks for `requested`: as the engine
+// resolves them (src/engine/chunk_runner.cpp, lanes_for): detail::cpu_lanes(), at most the
+// graphs' runners, which a CPU session makes for max(requested, hardware threads).
+static int resolved_cpu_lanes(std::int64_t requested) {
+  if (requested < 0 || requested > max_cpu_lanes)
+    throw FatalError(fmt::format("cpu_lanes is {}; give 0 (torch's intra-op thread count) to {} "
+                                 "(the lanes the CPU's chunks run on)",
+                                 requested, max_cpu_lanes));
+  const auto asked = static_cast<std::size_t>(requested);
+  const auto runners = std::max<std::size_t>({asked, 1, std::thread::hardware_concurrency()});
+  return static_cast<int>(std::min(detail::cpu_lanes(asked), runners));
+}
+
+MachineKey current_machine(c10::ScalarType dtype, std::int64_t cpu_lanes) {
   return {.torch_version = TORCH_VERSION,
           .intra_op_threads = at::get_num_threads(),
           .host_cpu = host_cpu_name(),
-          .dtype = dtype_folder(dtype)};
+          .dtype = dtype_folder(dtype),
+          .cpu_lanes = resolved_cpu_lanes(cpu_lanes)};
 }
 
 // A device this process can run on (index within the count), or a FatalError naming it.

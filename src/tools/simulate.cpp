@@ -29,11 +29,15 @@ ThroughputCurve ThroughputCurve::constant(double rows_per_second) {
   return ThroughputCurve({{1, rows_per_second}});
 }
 
-ThroughputCurve ThroughputCurve::from(const DeviceCurve& curve) {
+ThroughputCurve ThroughputCurve::from(const DeviceCurve& curve, int lanes) {
+  if (lanes < 1)
+    throw FatalError(fmt::format("ThroughputCurve::from({}): lanes is {}; give the lanes the curve "
+                                 "was measured on (>= 1; a tune file's cpu_lanes on the CPU)",
+                                 curve.device.str(), lanes));
   std::vector<std::pair<std::int64_t, double>> points;
   for (const auto& p : curve.points)
     if (p.measured())
-      points.emplace_back(p.rows, p.median);
+      points.emplace_back(p.rows, p.median / lanes);
   if (points.empty())
     throw FatalError(fmt::format("the tuning of {} has no measured size to simulate; re-tune it",
                                  curve.device.str()));
@@ -81,9 +85,26 @@ void check_chunk_count(std::size_t scheduled, std::size_t per_call, std::size_t 
                                 calls, batch, max_simulated_chunks));
 }
 
-VirtualNode::VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::size_t> lanes)
+std::vector<std::size_t> simulated_lanes(const std::vector<Device>& devices,
+                                         std::span<const SimulatedDevice> simulated,
+                                         std::size_t requested) {
+  std::vector<std::size_t> lanes(devices.size(), 1);
+  for (std::size_t d = 0; d < devices.size(); ++d) {
+    if (devices[d].family() != DeviceFamily::cpu)
+      continue;
+    const auto threads = simulated[d].intra_op_threads;
+    if (requested == 0 && (threads < 1 || threads > max_cpu_lanes))
+      simulate_refuse(fmt::format("simulated device {} ({}) has intra_op_threads {}, the lanes a "
+                                  "policy's cpu_lanes of 0 runs on; give 1 to {}",
+                                  d, devices[d].str(), threads, max_cpu_lanes));
+    lanes[d] = requested > 0 ? requested : static_cast<std::size_t>(threads);
+  }
+  return lanes;
+}
+
+VirtualNode::VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::size_t> in_flight,
+                         std::vector<std::size_t> lanes)
     : _devices(std::move(devices))
-    , _compute_free(_devices.size(), 0)
     , _busy(_devices.size(), 0) {
   for (std::size_t d = 0; d < _devices.size(); ++d) {
     const auto& dev = _devices[d];
@@ -92,25 +113,40 @@ VirtualNode::VirtualNode(std::vector<SimulatedDevice> devices, std::vector<std::
       simulate_refuse(fmt::format("simulated device {} has chunk_overhead {} and "
                                   "transfer_seconds_per_row {}; both must be >= 0",
                                   d, dev.chunk_overhead, dev.transfer_seconds_per_row));
-    _lane_free.emplace_back(lanes[d], 0.0);
+    _slot_free.emplace_back(in_flight[d], 0.0);
+    _compute_free.emplace_back(std::max<std::size_t>(lanes[d], 1), 0.0);
   }
 }
 
-std::pair<double, double> VirtualNode::run(SimulatedChunk& chunk, double now) {
+std::pair<double, double> VirtualNode::run(SimulatedChunk& chunk, double now, bool cut) {
   const auto d = chunk.device;
   const auto& dev = _devices[d];
-  auto& lanes = _lane_free[d];
-  const auto lane = std::min_element(lanes.begin(), lanes.end());
+  auto& slots = _slot_free[d];
+  const auto slot = std::min_element(slots.begin(), slots.end());
   chunk.dispatched = now;
-  chunk.start = std::max(now, *lane);
-  const auto rows = static_cast<double>(chunk.rows);
-  const auto copied = chunk.start + rows * dev.transfer_seconds_per_row;
-  chunk.compute_start = std::max(copied, _compute_free[d]);
-  const auto compute = dev.chunk_overhead + rows / dev.curve.rows_per_second(chunk.rows);
-  chunk.end = chunk.compute_start + compute;
-  _compute_free[d] = chunk.end;
-  _busy[d] += compute;
-  *lane = chunk.end;
+  chunk.start = std::max(now, *slot);
+  const auto copied = chunk.start + static_cast<double>(chunk.rows) * dev.transfer_seconds_per_row;
+  auto& lanes = _compute_free[d];
+  const auto count = static_cast<std::int64_t>(lanes.size());
+  double compute = 0;
+  if (cut || count == 1) { // on every lane at once, each with ceil(rows / lanes) rows
+    const auto per_lane = chunk.rows / count + (chunk.rows % count != 0);
+    chunk.compute_start = std::max(copied, *std::max_element(lanes.begin(), lanes.end()));
+    compute =
+        dev.chunk_overhead + static_cast<double>(per_lane) / dev.curve.rows_per_second(per_lane);
+    chunk.end = chunk.compute_start + compute;
+    std::fill(lanes.begin(), lanes.end(), chunk.end);
+    _busy[d] += compute;
+  } else { // on the first free lane, beside the others
+    const auto lane = std::min_element(lanes.begin(), lanes.end());
+    chunk.compute_start = std::max(copied, *lane);
+    compute = dev.chunk_overhead +
+              static_cast<double>(chunk.rows) / dev.curve.rows_per_second(chunk.rows);
+    chunk.end = chunk.compute_start + compute;
+    *lane = chunk.end;
+    _busy[d] += compute / static_cast<double>(count);
+  }
+  *slot = chunk.end;
   return {chunk.end, chunk.end - chunk.start};
 }
 
@@ -124,8 +160,10 @@ Simulation VirtualNode::finish(std::int64_t batch, std::size_t calls, double mak
                  .call_ends = std::move(call_ends),
                  .timeline = std::move(timeline)};
   double total = 0;
-  for (const auto& dev : _devices)
-    total += dev.curve.peak();
+  for (std::size_t d = 0; d < _devices.size(); ++d) {
+    sim.lanes.push_back(_compute_free[d].size());
+    total += _devices[d].curve.peak() * static_cast<double>(_compute_free[d].size());
+  }
   sim.ideal = static_cast<double>(batch) * static_cast<double>(calls) / total;
   for (const auto b : _busy)
     sim.idle.push_back(std::max(0.0, makespan - b));
@@ -143,8 +181,8 @@ std::string format_simulation(const Simulation& sim, const std::vector<std::stri
       "{} call(s) of {} rows: makespan {:.4g} s, ideal {:.4g} s (sum of peak throughputs), "
       "{:.1f} % of ideal\n",
       sim.calls, sim.batch, sim.makespan, sim.ideal, 100 * sim.efficiency());
-  text += fmt::format("{:<12} {:>8} {:>12} {:>12} {:>8}\n", "device", "chunks", "busy s", "idle s",
-                      "rows %");
+  text += fmt::format("{:<12} {:>5} {:>8} {:>12} {:>12} {:>8}\n", "device", "lanes", "chunks",
+                      "busy s", "idle s", "rows %");
   for (std::size_t d = 0; d < sim.busy.size(); ++d) {
     std::size_t chunks = 0;
     std::int64_t rows = 0;
@@ -154,9 +192,9 @@ std::string format_simulation(const Simulation& sim, const std::vector<std::stri
         rows += c.rows;
       }
     const auto all = static_cast<double>(sim.batch) * static_cast<double>(sim.calls);
-    text +=
-        fmt::format("{:<12} {:>8} {:>12.4g} {:>12.4g} {:>8.1f}\n", name_of(names, d), chunks,
-                    sim.busy[d], sim.idle[d], all > 0 ? 100 * static_cast<double>(rows) / all : 0);
+    text += fmt::format("{:<12} {:>5} {:>8} {:>12.4g} {:>12.4g} {:>8.1f}\n", name_of(names, d),
+                        d < sim.lanes.size() ? sim.lanes[d] : 1, chunks, sim.busy[d], sim.idle[d],
+                        all > 0 ? 100 * static_cast<double>(rows) / all : 0);
   }
   return text;
 }
@@ -164,7 +202,10 @@ std::string format_simulation(const Simulation& sim, const std::vector<std::stri
 std::string simulation_json(const Simulation& sim, const std::vector<std::string>& names) {
   nlohmann::json devices = nlohmann::json::array(), chunks = nlohmann::json::array();
   for (std::size_t d = 0; d < sim.busy.size(); ++d)
-    devices.push_back({{"name", name_of(names, d)}, {"busy", sim.busy[d]}, {"idle", sim.idle[d]}});
+    devices.push_back({{"name", name_of(names, d)},
+                       {"lanes", d < sim.lanes.size() ? sim.lanes[d] : 1},
+                       {"busy", sim.busy[d]},
+                       {"idle", sim.idle[d]}});
   for (const auto& c : sim.timeline)
     chunks.push_back({{"call", c.call},
                       {"index", c.index},

@@ -1,6 +1,7 @@
 // The tune file: the table written as JSON, read back with every field checked, and
 // checked against the artifact and machine it is loaded for.
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <optional>
@@ -30,7 +31,7 @@ static std::optional<SweepStop> sweep_stop_from(const std::string& text) {
 }
 
 static constexpr const char* tune_format = "neml2-dispatch tune file";
-static constexpr int tune_format_version = 2; // 2: chunk_overhead
+static constexpr int tune_format_version = 3; // 2: chunk_overhead; 3: cpu_lanes
 
 std::string tune_file_text(const TuneResult& result) {
   json devices = json::array();
@@ -58,6 +59,7 @@ std::string tune_file_text(const TuneResult& result) {
                {"dtype", result.machine.dtype},
                {"torch_version", result.machine.torch_version},
                {"intra_op_threads", result.machine.intra_op_threads},
+               {"cpu_lanes", result.machine.cpu_lanes},
                {"host_cpu", result.machine.host_cpu},
                {"devices", devices}};
   try { // for people reading the file; not read back (recomputed from the table)
@@ -131,6 +133,10 @@ TuneResult parse_tune_file(const std::string& text, const std::string& where) {
   result.machine.dtype = r.get<std::string>(file, "dtype", "");
   result.machine.torch_version = r.get<std::string>(file, "torch_version", "");
   result.machine.intra_op_threads = r.get<int>(file, "intra_op_threads", "");
+  result.machine.cpu_lanes = r.get<int>(file, "cpu_lanes", "");
+  if (result.machine.cpu_lanes < 1 || result.machine.cpu_lanes > max_cpu_lanes)
+    r.fail("cpu_lanes",
+           fmt::format("must be from 1 to {} (the lanes the CPU was measured on)", max_cpu_lanes));
   result.machine.host_cpu = r.get<std::string>(file, "host_cpu", "");
   const auto& devices = r.array(file, "devices", "");
   for (std::size_t d = 0; d < devices.size(); ++d) {
@@ -209,14 +215,15 @@ TuneResult read_tune_file(const std::filesystem::path& file) {
 }
 
 void check_tune_matches(const TuneResult& result, const Artifact& artifact, c10::ScalarType dtype,
-                        const std::filesystem::path& file) {
+                        const std::filesystem::path& file, std::optional<std::int64_t> cpu_lanes) {
   std::vector<std::string> devices;
   for (const auto& c : result.devices)
     devices.push_back("--device " + c.device.str());
-  const auto retune =
-      fmt::format("re-tune on this machine: neml2-dispatch tune {} {} --dtype {} --out {}",
-                  artifact.root.string(), fmt::join(devices, " "), dtype_folder(dtype),
-                  file.empty() ? std::string("FILE") : file.string());
+  const auto retune = fmt::format(
+      "re-tune on this machine: neml2-dispatch tune {} {} --dtype {}{} --out {}",
+      artifact.root.string(), fmt::join(devices, " "), dtype_folder(dtype),
+      cpu_lanes.value_or(0) > 0 ? fmt::format(" --cpu-lanes {}", *cpu_lanes) : std::string(),
+      file.empty() ? std::string("FILE") : file.string());
   const auto differ = [&](const std::string& key, const std::string& theirs,
                           const std::string& ours) {
     if (theirs != ours)
@@ -225,11 +232,19 @@ void check_tune_matches(const TuneResult& result, const Artifact& artifact, c10:
                                    file.empty() ? std::string("(in memory)") : file.string(), key,
                                    theirs, ours, retune));
   };
-  const auto here = current_machine(dtype);
+  const auto here = current_machine(dtype, cpu_lanes.value_or(0));
   differ("dtype", result.machine.dtype, here.dtype);
   differ("torch_version", result.machine.torch_version, here.torch_version);
   differ("intra_op_threads", std::to_string(result.machine.intra_op_threads),
          std::to_string(here.intra_op_threads));
+  // The CPU's sizes hold for the lanes they were measured on: a SyncChunking chunk is one
+  // lane's work, a pool's CPU chunk is shared by the lanes.
+  const bool has_cpu =
+      std::any_of(result.devices.begin(), result.devices.end(),
+                  [](const DeviceCurve& c) { return c.device.family() == DeviceFamily::cpu; });
+  if (cpu_lanes && has_cpu)
+    differ("cpu_lanes (the lanes its CPU sizes were measured on)",
+           std::to_string(result.machine.cpu_lanes), std::to_string(here.cpu_lanes));
   differ("host_cpu", result.machine.host_cpu, here.host_cpu);
   for (std::size_t d = 0; d < result.devices.size(); ++d) {
     const auto& curve = result.devices[d];
@@ -241,9 +256,9 @@ void check_tune_matches(const TuneResult& result, const Artifact& artifact, c10:
 }
 
 TuneResult load_tuning(const std::filesystem::path& file, const Artifact& artifact,
-                       c10::ScalarType dtype) {
+                       c10::ScalarType dtype, std::optional<std::int64_t> cpu_lanes) {
   auto result = read_tune_file(file);
-  check_tune_matches(result, artifact, dtype, file);
+  check_tune_matches(result, artifact, dtype, file, cpu_lanes);
   return result;
 }
 

@@ -1,6 +1,6 @@
 // Measuring a real model: inputs generated or tiled to each size, calls timed through
-// DispatchedModel<SyncChunking> (one load serves every size), each device swept, then the
-// overlap and lane tests.
+// DispatchedModel<SyncChunking> (one load serves every size; the CPU's chunks on the lanes
+// asked for), each device swept, then the overlap and lane tests.
 
 #include <algorithm>
 #include <array>
@@ -155,10 +155,11 @@ Timing detail::measure_calls(const std::function<void()>& call, const Device& de
 
 namespace {
 // SyncChunking whose chunk size the tuner changes between measurements, so that one model
-// (one load of the graphs) serves every size.
+// (one load of the graphs) serves every size; on the CPU `cpu_lanes` chunks run at once.
 struct TuningChunks {
   using dispatch_mode = synchronous;
   Device device;
+  std::int64_t cpu_lanes = 0;
   std::shared_ptr<std::int64_t> rows = std::make_shared<std::int64_t>(0);
   [[nodiscard]] std::array<Device, 1> devices() const { return {device}; }
   [[nodiscard]] Device compute_device() const { return device; }
@@ -181,24 +182,28 @@ Timing time_operation(const Model& model, const Device& device, const TuneOption
   }
 }
 
-// The lane test: calls of batch_rows in chunks at the knee, through the calling thread and
-// then through a pool of one lane, each run back to back as a host runs them (alternating
-// the two hid a slowdown of the lane that only a busy worker shows: J2 in issue 13's
-// bench); what the lane costs per chunk beyond the calling thread.
+// The lane test: calls of batch_rows in chunks at the knee, through the calling thread (on
+// the CPU, one chunk per lane) and then through a pool of one device at the chunk recommend()
+// gives it (on the CPU, the knee times the lanes, shared by them), each run back to back as
+// a host runs them (alternating the two hid a slowdown of the lane that only a busy worker
+// shows: J2 in issue 13's bench); what the pool's chunk costs beyond the calling thread's.
 double lane_overhead(const DispatchedModel<TuningChunks>& chunked, const TuningChunks& chunks,
                      const std::shared_ptr<const Artifact>& artifact, const DeviceCurve& curve,
-                     const TuneOptions& options, std::size_t d) {
+                     const TuneOptions& options, int cpu_lanes, std::size_t d) {
   const auto knee = curve.knee().rows;
-  const auto batch = std::max(options.batch_rows, knee);
+  const auto pooled = detail::pool_chunk_rows(curve.device, knee, cpu_lanes);
+  const auto batch = std::max(options.batch_rows, pooled);
   const auto inputs =
       detail::tune_inputs(*artifact, options.inputs, batch, curve.device, options.dtype);
   const DispatchedModel<GreedyPriorityCapacity> pool(
-      artifact, GreedyPriorityCapacity{.devices = {curve.device}, .batch_sizes = {knee}},
+      artifact,
+      GreedyPriorityCapacity{
+          .devices = {curve.device}, .batch_sizes = {pooled}, .cpu_lanes = options.cpu_lanes},
       options.dtype);
   *chunks.rows = knee;
   const auto direct = time_operation(chunked, curve.device, options, inputs, batch);
   const auto lane = time_operation(pool, curve.device, options, inputs, batch);
-  const auto per_call = batch / knee + (batch % knee != 0);
+  const auto per_call = batch / pooled + (batch % pooled != 0);
   if (options.on_lane_test)
     options.on_lane_test(d, direct, lane, per_call);
   return detail::chunk_overhead_from(direct.seconds, lane.seconds, per_call);
@@ -244,16 +249,22 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                                  options.repeats, options.warmup, options.batch_rows,
                                  options.max_chunks));
   (void)detail::Sweep(options.sweep); // the sweep as given (each device's own raises min_rows)
+  if (options.cpu_lanes < 0 || options.cpu_lanes > max_cpu_lanes)
+    throw FatalError(fmt::format("tune(): cpu_lanes is {}; give 0 (torch's intra-op thread count) "
+                                 "to {} (the lanes the CPU's chunks are measured on)",
+                                 options.cpu_lanes, max_cpu_lanes));
   const auto call_rows = [&](std::int64_t rows) { return std::max(options.batch_rows, rows); };
-  TuneResult result{
-      .model = model, .operation = options.operation, .machine = current_machine(options.dtype)};
+  // The lanes the CPU is measured on, as the models below resolve them (stated in the file).
+  TuneResult result{.model = model,
+                    .operation = options.operation,
+                    .machine = current_machine(options.dtype, options.cpu_lanes)};
   const auto shared = std::make_shared<const Artifact>(artifact);
   for (std::size_t d = 0; d < devices.size(); ++d) {
     const auto& device = devices[d];
     DeviceCurve curve{.device = device,
                       .device_name = device_name(device),
                       .artifact_hash = artifact_hash(artifact, device, options.dtype)};
-    const TuningChunks chunks{.device = device};
+    const TuningChunks chunks{.device = device, .cpu_lanes = options.cpu_lanes};
     const DispatchedModel<TuningChunks> chunked(shared, chunks, options.dtype);
     auto sweep_options = options.sweep;
     sweep_options.min_rows =
@@ -304,7 +315,8 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
       curve.overlap_chunks = detail::choose_overlap_chunks(measured, options.sweep.improvement);
     }
     if (options.lane_test)
-      curve.chunk_overhead = lane_overhead(chunked, chunks, shared, curve, options, d);
+      curve.chunk_overhead =
+          lane_overhead(chunked, chunks, shared, curve, options, result.machine.cpu_lanes, d);
     result.devices.push_back(std::move(curve));
   }
   return result;

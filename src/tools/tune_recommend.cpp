@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <neml2/detail/tune_decisions.hpp>
 #include <neml2/tune.hpp>
 
 #include "tools/recommendations_json.hpp"
@@ -45,23 +46,39 @@ static double three_digits(double x) {
   return std::round(x * scale) / scale;
 }
 
+static bool on_cpu(const Device& device) {
+  return device.family() == DeviceFamily::cpu;
+}
+
+std::int64_t detail::pool_chunk_rows(const Device& device, std::int64_t knee, int cpu_lanes) {
+  const std::int64_t lanes = on_cpu(device) ? std::max(cpu_lanes, 1) : 1;
+  return knee > std::numeric_limits<std::int64_t>::max() / lanes
+             ? std::numeric_limits<std::int64_t>::max()
+             : knee * lanes;
+}
+
 Recommendations recommend(const TuneResult& result, double knee_fraction, double sync_fraction) {
   if (result.devices.empty())
     throw FatalError("the tuning result lists no device; tune at least one (--device cpu)");
   Recommendations r;
   double fastest = 0;
+  const auto lanes = result.machine.cpu_lanes;
   for (std::size_t d = 0; d < result.devices.size(); ++d) {
     const auto& curve = result.devices[d];
     const auto& best = curve.best();
-    r.sync.push_back(
-        SyncChunking{.device = curve.device, .batch_size = curve.knee(sync_fraction).rows});
+    // One lane's chunk: the table's rows (a CPU's chunks ran `lanes` at once).
+    r.sync.push_back(SyncChunking{.device = curve.device,
+                                  .batch_size = curve.knee(sync_fraction).rows,
+                                  .cpu_lanes = on_cpu(curve.device) ? lanes : 0});
     if (best.median > fastest) {
       fastest = best.median;
       r.fastest = d;
     }
   }
   for (const auto& curve : result.devices) {
-    const auto knee = curve.knee(knee_fraction).rows;
+    const auto knee = detail::pool_chunk_rows(curve.device, curve.knee(knee_fraction).rows, lanes);
+    if (on_cpu(curve.device))
+      r.pool.cpu_lanes = lanes;
     r.pool.devices.push_back(curve.device);
     r.pool.batch_sizes.push_back(knee);
     const std::int64_t overlap = std::max(curve.overlap_chunks, 1);
@@ -83,17 +100,22 @@ static std::string quoted_devices(const std::vector<Device>& devices) {
 }
 
 std::string to_cpp(const SyncChunking& p) {
-  return fmt::format("neml2::SyncChunking{{.device = \"{}\", .batch_size = {}}}", p.device.str(),
-                     p.batch_size);
+  return fmt::format("neml2::SyncChunking{{.device = \"{}\", .batch_size = {}{}}}", p.device.str(),
+                     p.batch_size,
+                     p.cpu_lanes != 0 ? fmt::format(", .cpu_lanes = {}", p.cpu_lanes) : "");
 }
 
 std::string to_cpp(const GreedyPriorityCapacity& p) {
   return fmt::format("neml2::GreedyPriorityCapacity{{.devices = {},\n"
                      "                              .batch_sizes = {{{}}},\n"
                      "                              .capacities = {{{}}},\n"
-                     "                              .priorities = {{{}}}}}",
+                     "                              .priorities = {{{}}}{}}}",
                      quoted_devices(p.devices), fmt::join(p.batch_sizes, ", "),
-                     fmt::join(p.capacities, ", "), fmt::join(p.priorities, ", "));
+                     fmt::join(p.capacities, ", "), fmt::join(p.priorities, ", "),
+                     p.cpu_lanes != 0 ? fmt::format(",\n                              "
+                                                    ".cpu_lanes = {}",
+                                                    p.cpu_lanes)
+                                      : "");
 }
 
 std::string to_cpp(const MPIRankAssignSettings& s) {
@@ -104,8 +126,17 @@ std::string to_cpp(const MPIRankAssignSettings& s) {
 std::string to_cpp(const Recommendations& r) {
   std::string text;
   for (const auto& s : r.sync)
-    text += "// " + s.device.str() + " alone\n" + to_cpp(s) + "\n";
-  text += "// every device at once\n" + to_cpp(r.pool) + "\n";
+    text += "// " + s.device.str() + " alone" +
+            (s.cpu_lanes > 0 ? fmt::format(": chunks of {} rows, one per lane, on {} lane(s)",
+                                           s.batch_size, s.cpu_lanes)
+                             : "") +
+            "\n" + to_cpp(s) + "\n";
+  std::string shared;
+  for (std::size_t d = 0; d < r.pool.devices.size(); ++d)
+    if (on_cpu(r.pool.devices[d]) && r.pool.cpu_lanes > 0)
+      shared = fmt::format(": the cpu's chunk of {} rows is shared by its {} lane(s)",
+                           r.pool.batch_size(d), r.pool.cpu_lanes);
+  text += "// every device at once" + shared + "\n" + to_cpp(r.pool) + "\n";
   text += "// one device per MPI rank\n" + to_cpp(r.mpi) + "\n";
   return text;
 }
@@ -118,14 +149,15 @@ static json device_names(const std::vector<Device>& devices) {
 }
 
 static json as_json(const SyncChunking& p) {
-  return {{"policy", "SyncChunking"}, {"device", p.device.str()}, {"batch_size", p.batch_size}};
+  return {{"policy", "SyncChunking"},
+          {"device", p.device.str()},
+          {"batch_size", p.batch_size},
+          {"cpu_lanes", p.cpu_lanes}};
 }
 static json as_json(const GreedyPriorityCapacity& p) {
-  return {{"policy", "GreedyPriorityCapacity"},
-          {"devices", device_names(p.devices)},
-          {"batch_sizes", p.batch_sizes},
-          {"capacities", p.capacities},
-          {"priorities", p.priorities}};
+  return {{"policy", "GreedyPriorityCapacity"}, {"devices", device_names(p.devices)},
+          {"batch_sizes", p.batch_sizes},       {"capacities", p.capacities},
+          {"priorities", p.priorities},         {"cpu_lanes", p.cpu_lanes}};
 }
 static json as_json(const MPIRankAssignSettings& s) {
   return {{"policy", "MPIRankAssign"},
@@ -166,10 +198,15 @@ std::string format_table(const TuneResult& result) {
                             p.rows, p.median, p.low, p.high, &p == best ? "  best" : "");
     }
   }
-  for (const auto& curve : result.devices)
+  for (const auto& curve : result.devices) {
+    if (on_cpu(curve.device))
+      text += fmt::format("{}: measured on {} lane(s); rows are one lane's chunk, rates all "
+                          "lanes' together\n",
+                          curve.device.str(), result.machine.cpu_lanes);
     text += fmt::format("{}: a pool's lane costs {:.3g} us per chunk beyond the curve, {} "
                         "chunk(s) in flight\n",
                         curve.device.str(), 1e6 * curve.chunk_overhead, curve.overlap_chunks);
+  }
   return text;
 }
 

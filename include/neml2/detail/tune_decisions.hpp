@@ -2,7 +2,8 @@
 
 // What tune() decides from measurements, as plain code that only the tuner and its tests
 // call (fed synthetic timings there): a sweep's sizes and when it stops, a measurement's
-// point, how many chunks in flight pay, and what a pool's lane costs per chunk.
+// point, how many chunks in flight pay, a pool's chunk on the CPU's lanes, and what a
+// pool's lane costs per chunk.
 
 #include <cstdint>
 #include <functional>
@@ -73,6 +74,12 @@ run_sweep(const std::function<Timing(std::int64_t rows)>& measure, SweepOptions 
 /// an overlap test: (chunks in flight, rows per second) pairs. 1 when none is given.
 [[nodiscard]] int choose_overlap_chunks(const std::vector<std::pair<int, double>>& measured,
                                         double improvement = 0.03);
+
+/// The rows of a pool's chunk on `device` for a knee of `knee` rows (one lane's chunk)
+/// measured on `cpu_lanes` lanes: on the CPU a GreedyPriorityCapacity chunk is shared by its
+/// lanes, so the knee times the lanes (at most INT64_MAX); the knee elsewhere. What
+/// recommend() gives the pool and what the lane test times.
+[[nodiscard]] std::int64_t pool_chunk_rows(const Device& device, std::int64_t knee, int cpu_lanes);
 
 /// The lane test's verdict: seconds per chunk that a pool's lane added, from timings of the
 /// same call through the calling thread (`direct`) and through the pool (`lane`), each of
