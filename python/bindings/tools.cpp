@@ -134,11 +134,21 @@ SimulatedDevice simulated_device(py::handle value, std::size_t index) {
   if (entry.contains("curve"))
     curve = curve_of(entry["curve"], where + "['curve']");
   else if (tuned) {
+    // A CPU's medians are all its lanes' rows per second; the simulator wants one lane's.
+    double lanes = 1;
+    if (entry.contains("device") && py::str(entry["device"]).cast<std::string>() == "cpu") {
+      if (!entry.contains("cpu_lanes"))
+        throw FatalError(where + " is the CPU of a tune result, measured on its lanes: add the "
+                                 "result's cpu_lanes, dict(device, cpu_lanes=result['cpu_lanes'])");
+      lanes = entry["cpu_lanes"].cast<double>();
+      if (!(lanes >= 1))
+        throw FatalError(where + "['cpu_lanes'] is " + std::to_string(lanes) + "; it must be >= 1");
+    }
     py::list pairs;
     try {
       for (const auto& p : entry["points"])
         if (!p["out_of_memory"].cast<bool>() && p["repeats"].cast<int>() > 0)
-          pairs.append(py::make_tuple(p["rows"], p["median"]));
+          pairs.append(py::make_tuple(p["rows"], p["median"].cast<double>() / lanes));
     } catch (const std::exception&) {
       throw FatalError(where + "['points'] is not a tune result's points (dicts with rows, "
                                "median, repeats, out_of_memory)");

@@ -119,7 +119,8 @@ def simulate(policy: "Any", devices: "Sequence[Mapping[str, Any]]", batch: int,
     ``devices`` holds one entry per device of the policy: a dict with ``curve`` (rows per
     second, or (rows, rows per second) pairs by increasing rows) and optional
     ``chunk_overhead`` and ``transfer_seconds_per_row`` seconds, or a device of a
-    :func:`tune` result. Returns a dict: makespan, ideal, efficiency, per device busy and
+    :func:`tune` result (the CPU's with the result's lanes added:
+    ``dict(device, cpu_lanes=result["cpu_lanes"])``; its rates are all lanes'). Returns a dict: makespan, ideal, efficiency, per device busy and
     idle seconds, and the timeline of every chunk (dispatched, start, compute_start, end)."""
     return _json.loads(_core._simulate(policy, devices, batch, calls))
 

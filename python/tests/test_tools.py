@@ -206,12 +206,17 @@ def test_simulate_a_pool_and_a_python_policy():
 
 def test_simulate_from_a_tune_result_as_the_program_does(tune_file, elasticity, tmp_path):
     data = json.loads(tune_file.read_text())
-    device = data["devices"][0]
+    lanes = data["cpu_lanes"]
+    device = dict(data["devices"][0], cpu_lanes=lanes)
     point = next(p for p in device["points"] if p["repeats"] > 0)
-    # A device of a tune result: its medians and its lane test's overhead per chunk.
-    sim = nd.simulate(nd.SyncChunking(batch_size=point["rows"]), [device], 4 * point["rows"])
-    expected = 4 * (device["chunk_overhead"] + point["rows"] / point["median"])
+    # A device of a tune result: its medians (all lanes' rows per second) and its lane
+    # test's overhead per chunk; chunks of the measured size, one per lane.
+    sim = nd.simulate(nd.SyncChunking(batch_size=point["rows"], cpu_lanes=lanes), [device],
+                      4 * lanes * point["rows"])
+    expected = 4 * (device["chunk_overhead"] + lanes * point["rows"] / point["median"])
     assert sim["makespan"] == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(nd.FatalError, match="add the result's cpu_lanes"):
+        nd.simulate(nd.SyncChunking(batch_size=point["rows"]), [data["devices"][0]], 100)
     # The program's simulate of the same file: the recommended pool, the same timeline.
     out = tmp_path / "sim.json"
     done = subprocess.run([*program(), "simulate", str(tune_file), "--pool", "cpu", "--batch",
