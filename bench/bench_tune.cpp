@@ -120,22 +120,25 @@ int main(int argc, char** argv) try {
     ok &= check(tuned_rate >= 0.95 * best_dense,
                 "the tuned size reaches 95 % of the dense sweep's best");
 
-    // The simulator against a real CPU pool at the knee.
+    // The simulator against a real CPU pool at the knee: a CPU chunk is the knee's rows on
+    // each of the lanes the sizes were measured on.
     const auto knee = tuned.devices[0].knee().rows;
-    const neml2::GreedyPriorityCapacity pool{.devices = {"cpu"}, .batch_sizes = {knee}};
+    const auto lanes = tuned.machine.cpu_lanes;
+    const neml2::GreedyPriorityCapacity pool{
+        .devices = {"cpu"}, .batch_sizes = {knee * lanes}, .cpu_lanes = lanes};
     const neml2::DispatchedModel<neml2::GreedyPriorityCapacity> real(shared, pool);
     (void)seconds_of(real, inputs);
     std::vector<double> measured;
     for (int k = 0; k < 5; ++k)
       measured.push_back(seconds_of(real, inputs));
     const std::vector<neml2::SimulatedDevice> node = {
-        {neml2::ThroughputCurve::from(tuned.devices[0]), tuned.devices[0].chunk_overhead}};
+        {neml2::ThroughputCurve::from(tuned.devices[0], lanes), tuned.devices[0].chunk_overhead}};
     const auto sim = neml2::simulate(pool, node, c.batch);
     const auto ratio = sim.makespan / median(measured);
     std::printf(
         "  GreedyPriorityCapacity{cpu, %lld}: measured %.4f s, simulated %.4f s (%.1f %%; lane "
         "test %.3g us per chunk)\n",
-        static_cast<long long>(knee), median(measured), sim.makespan, 100 * ratio,
+        static_cast<long long>(knee * lanes), median(measured), sim.makespan, 100 * ratio,
         1e6 * tuned.devices[0].chunk_overhead);
     ok &= check(std::abs(ratio - 1) <= 0.10, "the simulated makespan is within 10 % of the run");
   }
