@@ -140,11 +140,11 @@ struct Case {
 
 // Every artifact of models/ with reference inputs (scalar_substepping's rows substep).
 const std::vector<Case> every_model = {
-    {"elasticity", "elasticity", "b33", 5000},
-    {"elasticity_params", "elasticity", "b33", 5000},
-    {"elasticity_subbatch", "elasticity", "b33", 3000},
-    {"rates", "eq", "b33", 5000},
-    {"perzyna", "perzyna", "b33", 5000},
+    {"elasticity", "elasticity", "b33", 20000},
+    {"elasticity_params", "elasticity", "b33", 20000},
+    {"elasticity_subbatch", "elasticity", "b33", 20000},
+    {"rates", "eq", "b33", 20000},
+    {"perzyna", "perzyna", "b33", 20000},
     {"scalar_backward_euler", "model", "s1", 300},
     {"scalar_substepping", "model", "sub", 300},
     {"j2_radial_return", "model", "s1", 300},

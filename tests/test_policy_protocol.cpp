@@ -249,15 +249,14 @@ TEST_CASE("the engine and the simulator make every decision of one schedule alik
           "calling thread's") {
     const auto asked = asked_by_model_and_simulator(
         logged({"cpu", "cpu"}, [&](auto loads, std::int64_t remaining, std::int64_t dispatched) {
-          return in_flight(loads) > 0 ? std::nullopt
-                                      : std::optional<ChunkChoice>(ChunkChoice{
-                                            static_cast<std::size_t>(dispatched % 2),
-                                            size(remaining, dispatched)});
+          return in_flight(loads) > 0
+                     ? std::nullopt
+                     : std::optional<ChunkChoice>(ChunkChoice{
+                           static_cast<std::size_t>(dispatched % 2), size(remaining, dispatched)});
         }));
     check(asked);
-    CHECK(std::count_if(asked.first.begin(), asked.first.end(), [](const std::string& line) {
-            return line.ends_with("-> wait");
-          }) >= 4);
+    CHECK(std::count_if(asked.first.begin(), asked.first.end(),
+                        [](const std::string& line) { return line.ends_with("-> wait"); }) >= 4);
   }
 }
 

@@ -489,9 +489,8 @@ TEST_CASE("LAPACK's rows: 300 unknowns, the same bits at 1, 2 and 3 intra-op thr
   at::manual_seed(6);
   const auto a = at::randn({3, 300, 300}, at::kDouble) + 30 * at::eye(300, at::kDouble);
   const auto c = at::randn({3, 300, 2}, at::kDouble);
-  const auto restore = c10::make_scope_exit([threads = at::get_num_threads()] {
-    at::set_num_threads(threads);
-  });
+  const auto restore =
+      c10::make_scope_exit([threads = at::get_num_threads()] { at::set_num_threads(threads); });
   at::Tensor at_one_thread;
   for (const int n : {1, 2, 3}) {
     CAPTURE(n);

@@ -23,7 +23,7 @@ inline constexpr std::int64_t min_piece_rows = 1024, max_piece_rows = 65536;
 /// The fewest rows of a piece when a call is cut so that lanes can share it: below this a
 /// graph call of one forward segment costs little more than a lane's start; a row of a
 /// segment chain (Newton, several graphs a row) costs far more.
-inline constexpr std::int64_t min_lane_rows = 2048, min_lane_rows_chain = 256;
+inline constexpr std::int64_t min_lane_rows = 8192, min_lane_rows_chain = 256;
 /// At least this many pieces, when the rows allow (so that lanes share a call).
 inline constexpr std::int64_t lane_pieces = 8;
 
