@@ -224,9 +224,14 @@ void bind_model(py::module_& m) {
       .def_readonly("first", &ChunkEvent::first, "First row of the batch.")
       .def_readonly("rows", &ChunkEvent::rows, "Number of rows.")
       .def_readonly("seconds", &ChunkEvent::seconds, "From taking the rows to the results.")
+      .def_readonly("lane", &ChunkEvent::lane,
+                    "The CPU lane that ran it: 0 is the calling thread (and every chunk off "
+                    "the CPU); a chunk cut into pieces over the lanes (a whole batch, "
+                    "GreedyPriorityCapacity's CPU chunk) is one event, of lane 0.")
       .def("__repr__", [](const ChunkEvent& e) {
         return "ChunkEvent(index=" + std::to_string(e.index) + ", device='" + e.device.str() +
-               "', first=" + std::to_string(e.first) + ", rows=" + std::to_string(e.rows) + ")";
+               "', first=" + std::to_string(e.first) + ", rows=" + std::to_string(e.rows) +
+               ", lane=" + std::to_string(e.lane) + ")";
       });
 
   py::class_<Prepared>(m, "PreparedCall",

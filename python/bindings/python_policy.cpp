@@ -101,14 +101,27 @@ void validate_object(const Held& object) {
   call<void>(nullptr, object, "validate");
 }
 
-// What both modes share: the object, its model's interrupts, validate() and
-// chunks_in_flight() (1 when the object has none, as for a C++ policy without the member).
+// Its cpu_lanes (an int, or a method returning one), read once at load as its devices are; 0
+// (torch's intra-op count) without one. Its range is the protocol's to check.
+std::int64_t cpu_lanes_of(const py::object& object) {
+  if (!py::hasattr(object, "cpu_lanes"))
+    return 0;
+  auto lanes = object.attr("cpu_lanes");
+  if (PyCallable_Check(lanes.ptr()))
+    lanes = lanes();
+  return convert<std::int64_t>(lanes, "cpu_lanes");
+}
+
+// What both modes share: the object, its model's interrupts, validate(), chunks_in_flight()
+// (1 when the object has none, as for a C++ policy without the member) and cpu_lanes().
 struct PythonPolicy {
   Held object;
   bool has_chunks_in_flight = false;
-  Interrupts pending; // its model's (null in simulate)
+  Interrupts pending;     // its model's (null in simulate)
+  std::int64_t lanes = 0; // its cpu_lanes, read at load
 
   void validate() const { validate_object(object); }
+  [[nodiscard]] std::int64_t cpu_lanes() const { return lanes; }
   [[nodiscard]] std::int64_t chunks_in_flight(std::size_t d) const {
     return has_chunks_in_flight ? call<std::int64_t>(pending, object, "chunks_in_flight", d) : 1;
   }
@@ -180,7 +193,8 @@ std::variant<PythonSynchronousPolicy, PythonAsynchronousPolicy> wrap(const Held&
   if (!py::hasattr(policy, "devices"))
     throw FatalError("a Python policy must provide devices (a list of device strings, or a "
                      "method returning one): the devices it may use");
-  PythonPolicy common{held, py::hasattr(policy, "chunks_in_flight"), std::move(pending)};
+  PythonPolicy common{held, py::hasattr(policy, "chunks_in_flight"), std::move(pending),
+                      cpu_lanes_of(policy)};
   auto devices = devices_of(policy);
   if (mode == "synchronous") {
     require(policy, "synchronous", {"compute_device", "chunk_rows"});

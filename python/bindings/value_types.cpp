@@ -13,22 +13,31 @@ namespace neml2::python {
 
 using namespace pybind11::literals;
 
+// The docstring of both policies' cpu_lanes (the library checks the value at load_model).
+constexpr const char* cpu_lanes_doc =
+    "Threads that run the CPU's chunks side by side, the calling one included (1 to 1024); "
+    "0: torch's intra-op thread count (torch.get_num_threads()) at each call. Results are "
+    "the same bits on any number.";
+
 void bind_policies(py::module_& m) {
   py::class_<SyncChunking>(m, "SyncChunking",
                            "The whole batch on one device, in chunks of `batch_size` rows (0: "
-                           "one call), on the calling thread.")
-      .def(py::init([](const Device& device, std::int64_t batch_size) {
-             return SyncChunking{.device = device, .batch_size = batch_size};
+                           "one call), on the CPU `cpu_lanes` chunks at once.")
+      .def(py::init([](const Device& device, std::int64_t batch_size, std::int64_t cpu_lanes) {
+             return SyncChunking{
+                 .device = device, .batch_size = batch_size, .cpu_lanes = cpu_lanes};
            }),
-           "device"_a = Device("cpu"), "batch_size"_a = 0)
+           "device"_a = Device("cpu"), "batch_size"_a = 0, "cpu_lanes"_a = 0)
       .def_property(
           "device", [](const SyncChunking& p) { return p.device.str(); },
           [](SyncChunking& p, const Device& d) { p.device = d; }, "Where every chunk runs.")
       .def_readwrite("batch_size", &SyncChunking::batch_size,
                      "Rows per graph call; 0: the whole batch at once.")
+      .def_readwrite("cpu_lanes", &SyncChunking::cpu_lanes, cpu_lanes_doc)
       .def("__repr__", [](const SyncChunking& p) {
         return "SyncChunking(device='" + p.device.str() +
-               "', batch_size=" + std::to_string(p.batch_size) + ")";
+               "', batch_size=" + std::to_string(p.batch_size) +
+               ", cpu_lanes=" + std::to_string(p.cpu_lanes) + ")";
       });
 
   py::class_<GreedyPriorityCapacity>(
@@ -36,18 +45,19 @@ void bind_policies(py::module_& m) {
       "One batch over several devices at once: each chunk goes to the device of highest "
       "priority whose rows in flight plus its batch size stay within its capacity. Lists of "
       "length 1 apply to every device; capacities and priorities may be empty (one chunk "
-      "in flight; all equal).")
+      "in flight; all equal). The CPU's chunk is cut into pieces over its `cpu_lanes`.")
       .def(py::init([](const std::vector<Device>& devices,
                        const std::vector<std::int64_t>& batch_sizes,
                        const std::vector<std::int64_t>& capacities,
-                       const std::vector<double>& priorities) {
+                       const std::vector<double>& priorities, std::int64_t cpu_lanes) {
              return GreedyPriorityCapacity{.devices = devices,
                                            .batch_sizes = batch_sizes,
                                            .capacities = capacities,
-                                           .priorities = priorities};
+                                           .priorities = priorities,
+                                           .cpu_lanes = cpu_lanes};
            }),
            "devices"_a, "batch_sizes"_a, "capacities"_a = std::vector<std::int64_t>{},
-           "priorities"_a = std::vector<double>{})
+           "priorities"_a = std::vector<double>{}, "cpu_lanes"_a = 0)
       .def_property(
           "devices", [](const GreedyPriorityCapacity& p) { return device_strings(p.devices); },
           [](GreedyPriorityCapacity& p, const std::vector<Device>& d) { p.devices = d; },
@@ -58,11 +68,12 @@ void bind_policies(py::module_& m) {
                      "Rows in flight per device; empty: one chunk.")
       .def_readwrite("priorities", &GreedyPriorityCapacity::priorities,
                      "Higher first; empty: all equal.")
+      .def_readwrite("cpu_lanes", &GreedyPriorityCapacity::cpu_lanes, cpu_lanes_doc)
       .def("__repr__", [](const GreedyPriorityCapacity& p) {
-        return std::string(
-            py::str("GreedyPriorityCapacity(devices={}, batch_sizes={}, "
-                    "capacities={}, priorities={})")
-                .format(device_strings(p.devices), p.batch_sizes, p.capacities, p.priorities));
+        return std::string(py::str("GreedyPriorityCapacity(devices={}, batch_sizes={}, "
+                                   "capacities={}, priorities={}, cpu_lanes={})")
+                               .format(device_strings(p.devices), p.batch_sizes, p.capacities,
+                                       p.priorities, p.cpu_lanes));
       });
 }
 

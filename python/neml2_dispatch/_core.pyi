@@ -34,10 +34,15 @@ class AggregateError(Error):
     errors: list[Error]
 
 class SyncChunking:
-    """The whole batch on one device, in chunks of `batch_size` rows (0: one call)."""
+    """The whole batch on one device, in chunks of `batch_size` rows (0: one call), on the
+    CPU `cpu_lanes` chunks at once."""
     device: str
     batch_size: int
-    def __init__(self, device: str = "cpu", batch_size: int = 0) -> None: ...
+    cpu_lanes: int
+    """Threads that run the CPU's chunks side by side, the calling one included (1 to 1024);
+    0: torch's intra-op thread count (torch.get_num_threads()) at each call."""
+    def __init__(self, device: str = "cpu", batch_size: int = 0,
+                 cpu_lanes: int = 0) -> None: ...
 
 class GreedyPriorityCapacity:
     """One batch over several devices at once (see the class docstring)."""
@@ -45,8 +50,12 @@ class GreedyPriorityCapacity:
     batch_sizes: list[int]
     capacities: list[int]
     priorities: list[float]
+    cpu_lanes: int
+    """Threads the CPU's chunk is cut into pieces over, the calling one included (1 to 1024);
+    0: torch's intra-op thread count (torch.get_num_threads()) at each call."""
     def __init__(self, devices: Sequence[str], batch_sizes: Sequence[int],
-                 capacities: Sequence[int] = ..., priorities: Sequence[float] = ...) -> None: ...
+                 capacities: Sequence[int] = ..., priorities: Sequence[float] = ...,
+                 cpu_lanes: int = 0) -> None: ...
 
 class PythonSynchronousPolicy(Protocol):
     """A synchronous policy written in Python (docs/python.md)."""
@@ -108,6 +117,9 @@ class ChunkEvent:
     def rows(self) -> int: ...
     @property
     def seconds(self) -> float: ...
+    @property
+    def lane(self) -> int:
+        """The CPU lane that ran it: 0 is the calling thread (and every chunk off the CPU)."""
 
 class PreparedCall:
     """A call bound once to input names (Model.prepare)."""

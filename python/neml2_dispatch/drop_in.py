@@ -29,6 +29,7 @@ program. A stub may also name the type, with an optional policy of its own::
         batch_sizes = '1024 65536'
         capacities = '1024 262144'           # GreedyPriorityCapacity only, optional
         priorities = '1 2'                   # GreedyPriorityCapacity only, optional
+        cpu_lanes = 2                        # optional; 0 (default): torch's thread count
       []
     []
 """
@@ -51,7 +52,7 @@ from . import _core
 # The policy a switched AOTIModel block gets (None: SyncChunking on the load's device).
 _default_policy: list[Any] = [None]
 
-_POLICY_OPTIONS = ("policy", "devices", "batch_sizes", "capacities", "priorities")
+_POLICY_OPTIONS = ("policy", "devices", "batch_sizes", "capacities", "priorities", "cpu_lanes")
 
 
 class _Runtime:
@@ -121,6 +122,9 @@ class DispatchedAOTIModel(AOTIModel):
                default=[]),
         option("priorities", list, "GreedyPriorityCapacity: the order devices are filled in.",
                default=[]),
+        option("cpu_lanes", int, "Threads that run the CPU's chunks side by side, the calling "
+               "one included; 0: torch's intra-op thread count (torch.get_num_threads()).",
+               default=0),
     )
 
     @classmethod
@@ -188,6 +192,7 @@ def _policy_from_hit(node, device) -> Any:
     kind = node.param_optional_str("policy", "SyncChunking")
     devices = listed("devices", str) or [str(device) if device is not None else "cpu"]
     batch_sizes = listed("batch_sizes", int)
+    cpu_lanes = node.param_optional_int("cpu_lanes", 0)
     where = f"[{node.fullpath()}]"
     if kind == "SyncChunking":
         if len(devices) != 1 or len(batch_sizes) > 1 or node.find("capacities") is not None \
@@ -197,11 +202,13 @@ def _policy_from_hit(node, device) -> Any:
                 f"size (devices = '{' '.join(devices)}', batch_sizes = "
                 f"'{' '.join(map(str, batch_sizes))}'); for several devices use "
                 "policy = GreedyPriorityCapacity")
-        return SyncChunking(device=devices[0], batch_size=batch_sizes[0] if batch_sizes else 0)
+        return SyncChunking(device=devices[0], batch_size=batch_sizes[0] if batch_sizes else 0,
+                            cpu_lanes=cpu_lanes)
     if kind == "GreedyPriorityCapacity":
         return GreedyPriorityCapacity(devices=devices, batch_sizes=batch_sizes,
                                       capacities=listed("capacities", int),
-                                      priorities=listed("priorities", float))
+                                      priorities=listed("priorities", float),
+                                      cpu_lanes=cpu_lanes)
     raise _core.FatalError(f"{where}: policy = {kind!r} is not a policy a stub can name; "
                            "give SyncChunking or GreedyPriorityCapacity")
 

@@ -294,7 +294,8 @@ def test_policies_load_model_forms_and_metadata(elasticity):
     p.capacities = [32]  # the model keeps its own copy
     assert model.policy.capacities == [16]
     assert nd.load_model(elasticity).policy.batch_size == 0
-    assert "SyncChunking(device='cpu', batch_size=3)" == repr(nd.SyncChunking(batch_size=3))
+    assert repr(nd.SyncChunking(batch_size=3)) == \
+        "SyncChunking(device='cpu', batch_size=3, cpu_lanes=0)"
 
     info = nd.artifact_info(elasticity)
     assert [v["name"] for v in info["inputs"]] == ["strain"]

@@ -256,9 +256,11 @@ def test_a_key_that_is_not_valid_text_is_the_modules_error(elasticity):
 
 
 # A Ctrl-C during a long call: SIGINT sent from another thread once the call's second chunk
-# has started (16383 chunks of 64 rows follow). The call notices it between chunks.
+# has started (16383 chunks of 64 rows follow). The call notices it between chunks. On one
+# lane (a laned call: test_lanes.py): the chunks then run in order, and the calling thread
+# asks its first question (which puts the SIGINT handler in front again) before the second.
 ROWS, CHUNK = 1 << 20, 64
-SIGNAL_POLICIES = [nd.SyncChunking(batch_size=CHUNK),
+SIGNAL_POLICIES = [nd.SyncChunking(batch_size=CHUNK, cpu_lanes=1),
                    nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[CHUNK])]
 
 

@@ -134,7 +134,7 @@ def test_the_build_refuses_a_torch_of_another_release(tmp_path, version, said):
     fake = tmp_path / "torch"
     (fake / "lib").mkdir(parents=True)
     (fake / "include" / "torch").mkdir(parents=True)
-    for lib in ["libtorch.so", "libtorch_cpu.so", "libc10.so"]:
+    for lib in ["libtorch.so", "libtorch_cpu.so", "libc10.so", "libgomp.so.1"]:
         (fake / "lib" / lib).touch()
     if version:
         (fake / "version.py").write_text(version)
