@@ -50,10 +50,12 @@ def main():
                      on_point=show, out=tune_file)
     tuned = nd.tuned_policy(nd.SyncChunking, tune_file, args.stub, args.name)
     print(f"tuned: {tuned}")
-    cpu = result["devices"][0]
+    lanes = result["cpu_lanes"]  # the CPU's rates are all its lanes'
+    cpu = dict(result["devices"][0], cpu_lanes=lanes)
     gpu = {"curve": [(1024, 1e6), (65536, 2e8), (1 << 20, 1e9)], "chunk_overhead": 20e-6}
     pool = nd.GreedyPriorityCapacity(devices=["cpu", "cuda:0", "cuda:1"],
-                                     batch_sizes=[tuned.batch_size, 65536, 65536])
+                                     batch_sizes=[tuned.batch_size * lanes, 65536, 65536],
+                                     cpu_lanes=lanes)
     sim = nd.simulate(pool, [cpu, gpu, gpu], 1 << 24)
     print(f"simulated cpu + 2 GPUs, 2^24 rows: {sim['makespan'] * 1e3:.1f} ms, "
           f"{sim['efficiency']:.0%} of ideal")

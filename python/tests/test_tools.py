@@ -174,8 +174,8 @@ def test_simulate_sync_chunking_is_the_sum_of_its_chunks():
     assert sim["efficiency"] == pytest.approx(0.5, rel=1e-12)
     assert len(sim["timeline"]) == 20 and {c["rows"] for c in sim["timeline"]} == {1000}
     assert all(c["end"] - c["start"] == pytest.approx(2e-3) for c in sim["timeline"])
-    assert sim["devices"] == [
-        {"name": "cpu", "busy": pytest.approx(0.04), "idle": pytest.approx(0, abs=1e-15)}]
+    assert sim["devices"] == [{"name": "cpu", "lanes": 1, "busy": pytest.approx(0.04),
+                               "idle": pytest.approx(0, abs=1e-15)}]
     # The same policy written in Python: the same timeline.
     assert nd.simulate(PythonSync(1000), [flat(1e6, 1e-3)], 10000, calls=2) == sim
 
