@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -307,8 +308,21 @@ TEST_CASE("the interrupt check stops a laned call: no chunk starts after it") {
     stopped = true;
     throw FatalError("interrupted by the host");
   });
-  CHECK(contains(test::fatal_message([&] { return m.forward(in); }), "interrupted by the host"));
+  const auto expected =
+      load_model(test::stub("rates", "eq"), "eq", SyncChunking{.cpu_lanes = 1}).forward(in);
+  TensorMap out;
+  for (const auto& [name, t] : expected)
+    out[name] = at::full_like(t, std::numeric_limits<double>::quiet_NaN());
+  CHECK(contains(test::fatal_message([&] { m.forward_into(in, out); }), "interrupted by the host"));
   CHECK(chunks < 100);
+  // The chunks taken before the stop, whole and exact, and nothing after them: no hole.
+  for (const auto& [name, t] : out) {
+    const auto written = t.isnan().logical_not().reshape({t.size(0), -1}).all(1);
+    const auto k = written.sum().item<std::int64_t>();
+    CHECK(k % 4 == 0);
+    CHECK(written.narrow(0, 0, k).all().item<bool>());
+    CHECK(at::equal(t.narrow(0, 0, k), expected.at(name).narrow(0, 0, k)));
+  }
   // The other lane takes no chunk once the calling thread has the check's error: those it
   // started while the error was on its way (unwinding takes microseconds) may finish.
   CHECK(after <= 3);

@@ -50,8 +50,9 @@ void add(Gatherer& results, std::size_t index, std::int64_t first, std::int64_t 
 
 // Runs run(lane, i, first, n, chunk) for the pieces of `piece` rows covering rows
 // [first, first + rows), each on one of `lanes` lanes, taken in order; `chunk` is the
-// lane's own. The calling thread (lane 0) asks the interrupt check before each piece it
-// takes, but the first when `asks_first` is false. After a piece throws none starts, and
+// lane's own. The calling thread (lane 0) asks the interrupt check before it takes a piece,
+// unless no lane has taken one yet and `asks_first` is false: a stop leaves the pieces
+// taken before it, [0, k), and nothing after. After a piece throws none starts, and
 // what the lowest of those that threw threw is rethrown: what one lane taking them in order
 // would have thrown.
 template <class Run>
@@ -65,31 +66,36 @@ void on_lanes(const ModelCore::State& core, std::size_t lanes, std::int64_t firs
   std::mutex failed_mutex;
   std::int64_t failed_index = pieces;
   std::exception_ptr failed;
+  const auto fail = [&](std::int64_t i) {
+    stop = true; // the other lanes take no chunk from now on
+    const std::lock_guard lock(failed_mutex);
+    if (i < failed_index) {
+      failed_index = i;
+      failed = std::current_exception();
+    }
+  };
   run_on_lanes(
       std::min<std::size_t>(lanes, static_cast<std::size_t>(pieces)), [&](std::size_t lane) {
         ChunkArgs chunk;
         while (!stop.load(std::memory_order_relaxed)) {
+          // Asked before a chunk is taken, so that one it stops leaves no hole behind.
+          if (const auto taken = next.load();
+              lane == 0 && taken < pieces && (asks_first || taken > 0)) {
+            try {
+              ask_interrupt_check(core);
+            } catch (...) {
+              fail(next.load());
+              return;
+            }
+          }
           const auto i = next.fetch_add(1);
           if (i >= pieces)
             return;
           try {
-            if (lane == 0 && (i > 0 || asks_first)) {
-              try {
-                ask_interrupt_check(core);
-              } catch (...) {
-                stop = true; // the other lanes take no chunk from now on
-                throw;
-              }
-            }
             const auto at = first + i * piece;
             run(lane, static_cast<std::size_t>(i), at, std::min(piece, first + rows - at), chunk);
           } catch (...) {
-            stop = true;
-            const std::lock_guard lock(failed_mutex);
-            if (i < failed_index) {
-              failed_index = i;
-              failed = std::current_exception();
-            }
+            fail(i);
           }
         }
       });
