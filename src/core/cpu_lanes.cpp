@@ -1,7 +1,9 @@
 // CPU lanes (see cpu_lanes.hpp). Torch's team, not threads of our own: its threads already
 // run torch's parallel loops, a torch loop inside a lane sees the parallel region and runs
-// inline (no team per lane), and a program that never uses lanes starts nothing. Compiled
-// with OpenMP and linked against torch's libgomp (cmake/TorchWheel.cmake): one runtime.
+// inline (no team per lane), and a program that never uses lanes starts nothing. The region
+// is opened through libgomp's own entry point (GOMP_parallel, what GCC's `omp parallel`
+// compiles to), so any compiler builds this file without OpenMP flags, and the library links
+// torch's libgomp (cmake/TorchWheel.cmake): one runtime.
 
 #include "core/cpu_lanes.hpp"
 
@@ -13,7 +15,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
-#include <omp.h>
 
 #if defined(__SANITIZE_THREAD__)
 #define NEML2_DISPATCH_LANES_TSAN 1
@@ -28,6 +29,15 @@
 
 // MKL's threads for the calling thread alone (weak: a torch without MKL has none).
 extern "C" int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));
+
+// libgomp's interface (torch's libgomp.so.1): a parallel region runs fn(data) on a team of
+// `threads`, the calling thread as number 0, and returns after the team's join.
+extern "C" {
+void GOMP_parallel(void (*fn)(void*), void* data, unsigned threads, unsigned flags);
+int omp_get_thread_num();
+int omp_in_parallel();
+void omp_set_num_threads(int threads);
+}
 
 namespace neml2::detail {
 namespace {
@@ -125,32 +135,39 @@ void run_on_lanes(std::size_t lanes, const std::function<void(std::size_t lane)>
     work(0);
     return;
   }
-  const bool grad = at::GradMode::is_enabled();
-  const bool inference = c10::InferenceMode::is_enabled();
-  std::exception_ptr error;
-  std::once_flag first_error;
-  char started = 0, ended = 0; // ThreadSanitizer's tokens
-  happens_before(&started);
-#pragma omp parallel num_threads(static_cast <int>(extra.taken() + 1))
-  {
-    const auto lane = static_cast<std::size_t>(omp_get_thread_num());
-    happens_after(&started);
-    try {
-      const c10::InferenceMode inference_mode(inference);
-      const at::AutoGradMode grad_mode(grad);
-      const MklOnThisThread mkl;
-      in_lane = true;
-      work(lane);
-      in_lane = false;
-    } catch (...) {
-      in_lane = false;
-      std::call_once(first_error, [&] { error = std::current_exception(); });
-    }
-    happens_before(&ended);
-  }
-  happens_after(&ended);
-  if (error)
-    std::rethrow_exception(error);
+  struct Region {
+    explicit Region(const std::function<void(std::size_t)>& w)
+        : work(w) {}
+    const std::function<void(std::size_t)>& work;
+    bool grad = at::GradMode::is_enabled();
+    bool inference = c10::InferenceMode::is_enabled();
+    std::exception_ptr error;
+    std::once_flag first_error;
+    char started = 0, ended = 0; // ThreadSanitizer's tokens
+  } region{work};
+  happens_before(&region.started);
+  GOMP_parallel(
+      [](void* data) {
+        auto& r = *static_cast<Region*>(data);
+        happens_after(&r.started);
+        const auto lane = static_cast<std::size_t>(omp_get_thread_num());
+        try {
+          const c10::InferenceMode inference_mode(r.inference);
+          const at::AutoGradMode grad_mode(r.grad);
+          const MklOnThisThread mkl;
+          in_lane = true;
+          r.work(lane);
+          in_lane = false;
+        } catch (...) {
+          in_lane = false;
+          std::call_once(r.first_error, [&] { r.error = std::current_exception(); });
+        }
+        happens_before(&r.ended);
+      },
+      &region, static_cast<unsigned>(extra.taken() + 1), 0);
+  happens_after(&region.ended);
+  if (region.error)
+    std::rethrow_exception(region.error);
 }
 
 } // namespace neml2::detail
