@@ -80,28 +80,20 @@ private:
   std::size_t _taken = 0;
 };
 
-// While it lives, MKL runs on this thread alone.
-class MklOnThisThread {
-public:
-  MklOnThisThread() noexcept {
-    if (MKL_Set_Num_Threads_Local)
-      _before = MKL_Set_Num_Threads_Local(1);
-  }
-  ~MklOnThisThread() {
-    if (MKL_Set_Num_Threads_Local)
-      MKL_Set_Num_Threads_Local(_before);
-  }
-  MklOnThisThread(const MklOnThisThread&) = delete;
-  MklOnThisThread& operator=(const MklOnThisThread&) = delete;
-
-private:
-  int _before = 0;
-};
-
 thread_local bool in_lane = false;
 // torch's intra-op thread count before this thread's outermost CallOnItsLanes (0: none).
 thread_local int threads_outside_call = 0;
 } // namespace
+
+MklOnThisThread::MklOnThisThread() noexcept {
+  if (MKL_Set_Num_Threads_Local)
+    _before = MKL_Set_Num_Threads_Local(1);
+}
+
+MklOnThisThread::~MklOnThisThread() {
+  if (MKL_Set_Num_Threads_Local)
+    MKL_Set_Num_Threads_Local(_before);
+}
 
 std::size_t cpu_lanes(std::size_t requested) {
   if (in_lane || omp_in_parallel())

@@ -13,6 +13,18 @@ namespace neml2::detail {
 /// inside a lane, or inside any OpenMP parallel region.
 [[nodiscard]] std::size_t cpu_lanes(std::size_t requested);
 
+/// @brief While it lives, MKL (LAPACK, BLAS) runs on this thread alone; nothing without MKL.
+class MklOnThisThread {
+public:
+  MklOnThisThread() noexcept;
+  ~MklOnThisThread();
+  MklOnThisThread(const MklOnThisThread&) = delete;
+  MklOnThisThread& operator=(const MklOnThisThread&) = delete;
+
+private:
+  int _before = 0;
+};
+
 /// @brief While it lives, torch's parallel loops and MKL run on this thread alone, as they do
 /// on a lane: a call's CPU work runs on the lanes it was given, and on no team besides (the
 /// calling thread's own work between them included: binding, gathering, a small call).

@@ -4,6 +4,7 @@
 #include "implicit/lapack_rows.hpp"
 
 #include <limits>
+#include <optional>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -11,18 +12,16 @@
 
 #include <neml2/errors.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "implicit/newton_rows.hpp"
 #include "implicit/row_system.hpp"
 
-// What torch links: LAPACK's LU (declared as torch declares them) and MKL's threads for
-// the calling thread alone (it returns the setting it replaces; 0 is MKL's global one).
-// Weak: a torch that exports no LAPACK keeps the solve graphs, and one without MKL has
-// nothing to hold (its LAPACK does not thread itself inside an OpenMP team).
+// What torch links: LAPACK's LU (declared as torch declares them). Weak: a torch that
+// exports no LAPACK keeps the solve graphs.
 extern "C" {
 void dgetrf_(int* m, int* n, double* a, int* lda, int* ipiv, int* info) __attribute__((weak));
 void dgetrs_(char* trans, int* n, int* nrhs, double* a, int* lda, int* ipiv, double* b, int* ldb,
              int* info) __attribute__((weak));
-int MKL_Set_Num_Threads_Local(int threads) __attribute__((weak));
 }
 
 namespace neml2::detail {
@@ -36,18 +35,11 @@ public:
     // torch sets a thread's MKL threads at its first parallel call there (at::set_num_threads
     // again): let that be now, not inside a solve.
     (void)at::get_num_threads();
-    if (MKL_Set_Num_Threads_Local)
-      _before = MKL_Set_Num_Threads_Local(1);
+    _mkl.emplace();
   }
-  ~LapackOnThisThread() {
-    if (MKL_Set_Num_Threads_Local)
-      MKL_Set_Num_Threads_Local(_before);
-  }
-  LapackOnThisThread(const LapackOnThisThread&) = delete;
-  LapackOnThisThread& operator=(const LapackOnThisThread&) = delete;
 
 private:
-  int _before = 0;
+  std::optional<MklOnThisThread> _mkl;
 };
 
 } // namespace
