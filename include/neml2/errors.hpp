@@ -56,14 +56,42 @@ public:
       : Exception(message, false, std::move(details)) {}
 };
 
+/// @brief Why one row of a per-row ConvergenceError failed (ConvergenceError::reasons()).
+enum class RowFailure : std::int8_t {
+  none = 0, ///< the row converged
+  not_converged =
+      1,          ///< its residual stayed finite but was above the tolerance at the iteration cap
+  non_finite = 2, ///< its inputs, or its residual at a finite iterate, were NaN or inf
+  singular = 3,   ///< its Jacobian gave no finite Newton step (a zero pivot, a solve that was not
+                  ///< finite), or its derivatives are not finite where it converged
+};
+
+/// The name of a RowFailure as the enumerator is spelled ("not_converged"); "unknown" for a
+/// value that is none of them.
+[[nodiscard]] constexpr std::string_view to_string(RowFailure reason) noexcept {
+  switch (reason) {
+  case RowFailure::none:
+    return "none";
+  case RowFailure::not_converged:
+    return "not_converged";
+  case RowFailure::non_finite:
+    return "non_finite";
+  case RowFailure::singular:
+    return "singular";
+  }
+  return "unknown";
+}
+
 /// @brief A nonlinear solve diverged or hit its iteration cap: cut the step and retry.
 ///
-/// When the failure is per row (an implicit model), it says which rows converged and
-/// carries their results, so a host can cut the step only where needed:
+/// When the failure is per row (an implicit model), it says which rows converged, why each
+/// other row failed and its last residual norm, and carries the converged rows' results,
+/// so a host can cut the step only where needed:
 /// @code
 /// catch (const neml2::ConvergenceError & e) {
 ///   auto failed = e.converged_mask().logical_not();   // (B,) on the input device
 ///   auto stress = e.outputs().at("stress");           // converged rows valid, failed rows NaN
+///   auto nan_rows = e.reasons() == static_cast<int>(neml2::RowFailure::non_finite);
 /// }
 /// @endcode
 class ConvergenceError : public Exception {
@@ -80,6 +108,13 @@ public:
   /// The same, with the outputs by name.
   ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
                    std::vector<at::Tensor> results, std::map<std::string, at::Tensor> outputs);
+  /// The same, with why each row failed: `reasons` `(B,)` RowFailure values (int8),
+  /// `residual_norms` `(B,)` each row's last residual norm (double). Either may be undefined:
+  /// the forms without them report RowFailure::not_converged and a NaN norm for each failed
+  /// row (and none and 0 for the others).
+  ConvergenceError(const std::string& message, at::Tensor converged, double worst_residual,
+                   std::vector<at::Tensor> results, std::map<std::string, at::Tensor> outputs,
+                   at::Tensor reasons, at::Tensor residual_norms);
 
   /// True when the error says which rows failed (see converged_mask()).
   [[nodiscard]] bool per_row() const noexcept;
@@ -90,6 +125,15 @@ public:
   /// The largest residual norm among the failed rows (NaN when one was not finite, or
   /// when not per_row()).
   [[nodiscard]] double worst_residual() const noexcept;
+  /// `(B,)` int8, on the device of converged_mask(): why each row failed, a RowFailure
+  /// (RowFailure::none where it converged). Undefined when not per_row().
+  [[nodiscard]] const at::Tensor& reasons() const noexcept;
+  /// Why row `row` failed (RowFailure::none where it converged, or when not per_row()).
+  [[nodiscard]] RowFailure reason(std::int64_t row) const;
+  /// `(B,)` double, on the device of converged_mask(): each failed row's last residual norm,
+  /// the one Newton tested against its tolerance (NaN where it was not finite); 0 where the
+  /// row converged. Undefined when not per_row().
+  [[nodiscard]] const at::Tensor& residual_norms() const noexcept;
   /// The outputs by name: converged rows hold their results, failed rows NaN.
   [[nodiscard]] const std::map<std::string, at::Tensor>& outputs() const noexcept;
   /// The operation's results in positional order (for dispatchers that merge chunks).
