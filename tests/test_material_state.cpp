@@ -2,6 +2,8 @@
 // and eager NEML2; accept and reject; points cut alone against NEML2's bisection.
 
 #include <cmath>
+#include <limits>
+#include <optional>
 
 #include "model_checks.hpp"
 #include "scalar_model.hpp"
@@ -320,7 +322,7 @@ TEST_CASE("bad input is refused before anything is written") {
       [&] {
         static_cast<void>(MaterialState(model, points, {{"stress", at::zeros({points, 6})}}));
       },
-      "'stress', which is not a state variable, force or fixed input");
+      "'stress', which is not a state variable, force, given or fixed input");
   refused(
       [&] {
         static_cast<void>(
@@ -513,6 +515,8 @@ TEST_CASE("a host layout that does not fit is refused before anything is written
   const auto t = ref["s1/in/t"];
   auto buffer = at::full({points, 12}, 7.0, at::kDouble);
   const auto untouched = [&] { return (buffer == 7.0).all().item<bool>(); };
+  // A trial pending: every refusal below keeps it.
+  const auto trial = state.step({{"E", ref["s0/in/E"]}}, ref["s0/in/t"]).outputs;
   const auto step_into = [&](HostLayout layout, bool derivatives = false) {
     static_cast<void>(
         state.step({{"E", E}}, t, {.derivatives = derivatives, .into = std::move(layout)}));
@@ -552,6 +556,28 @@ TEST_CASE("a host layout that does not fit is refused before anything is written
                                {"plastic_strain", buffer.narrow(1, 3, 6)}}});
       },
       "share memory");
+  // The same with indices (results copied in): judged among the layout's destinations.
+  const auto first = at::tensor(std::vector<std::int64_t>{0, 1, 2});
+  refused(
+      [&] {
+        step_into({.outputs = {{"stress", buffer.narrow(0, 0, 3).narrow(1, 0, 6)},
+                               {"plastic_strain", buffer.narrow(0, 0, 3).narrow(1, 3, 6)}},
+                   .points = first});
+      },
+      "output 'plastic_strain' and output 'stress' share memory");
+  // A broadcast destination, after one that fits; a negated view.
+  refused(
+      [&] {
+        step_into({.outputs = {{"equivalent_plastic_strain", buffer.narrow(0, 0, 3).select(1, 0)},
+                               {"stress", buffer.narrow(0, 0, 1).narrow(1, 6, 6).expand({3, 6})}},
+                   .points = first});
+      },
+      "output 'stress' has elements that share memory");
+  refused(
+      [&] {
+        step_into({.outputs = {{"stress", at::_neg_view(buffer.narrow(1, 6, 6))}}});
+      },
+      "output 'stress' is a lazy view");
   // The state's own start as the host's storage.
   refused(
       [&] {
@@ -559,8 +585,10 @@ TEST_CASE("a host layout that does not fit is refused before anything is written
       },
       "shares memory with the state's own 'plastic_strain'");
   CHECK(untouched());
-  CHECK_FALSE(state.pending());
+  REQUIRE(state.pending());
   CHECK(at::equal(state.start().at("plastic_strain"), at::zeros({points, 6}, at::kDouble)));
+  state.accept();
+  CHECK(at::equal(state.start().at("plastic_strain"), trial.at("plastic_strain")));
 }
 
 TEST_CASE("a model with a promoted parameter: its value seen by every step, each step the "
@@ -721,8 +749,8 @@ TEST_CASE("a step lets go of the trial before it once its checks pass: two steps
 }
 
 TEST_CASE("the start before is kept only for a state that extrapolates") {
-  const test::Reference ref("j2_radial_return");
-  const auto model = load("j2_radial_return");
+  const test::Reference ref("perzyna_viscoplasticity");
+  const auto model = load("perzyna_viscoplasticity");
   const auto points = ref["s0/in/E"].size(0);
   const auto in = ref.group("s2/in");
   for (bool extrapolate : {false, true}) {
@@ -730,8 +758,192 @@ TEST_CASE("the start before is kept only for a state that extrapolates") {
     MaterialState state(model, points);
     state.step({{"E", in.at("E")}}, in.at("t"), {.extrapolate = extrapolate});
     const c10::weak_intrusive_ptr<c10::TensorImpl> start(
-        state.start().at("plastic_strain").getIntrusivePtr());
+        state.start().at("stress").getIntrusivePtr());
     state.accept();
     CHECK(start.expired() != extrapolate);
   }
+}
+
+TEST_CASE("extrapolate on a model that takes no state as Newton's guess is refused, the trial "
+          "kept") {
+  const test::Reference ref("j2_radial_return"); // its guess: flow_rate~1, not a state
+  const auto model = load("j2_radial_return");
+  MaterialState state(model, ref["s0/in/E"].size(0));
+  const auto in = ref.group("s0/in");
+  state.step({{"E", in.at("E")}}, in.at("t"));
+  refused(
+      [&] {
+        state.step({{"E", in.at("E")}}, in.at("t"), {.extrapolate = true});
+      },
+      "extrapolate asked, but this model takes no input named after a state variable");
+  CHECK(state.pending());
+}
+
+TEST_CASE("an explicit model's point with a non-finite input fails as non-finite, and accept() "
+          "keeps its start") {
+  const auto model = load_model(test::stub("rates", "eq"), "eq"); // forces a, b, c, t, each paired
+  const test::Reference ref("rates");
+  const auto in = ref.group("b7/in");
+  const auto points = in.at("a").size(0);
+  REQUIRE(points >= 4);
+  TensorMap start, forces;
+  for (const auto& f : {"a", "b", "c", "t"}) {
+    start.emplace(f, in.at(std::string(f) + "~1"));
+    forces.emplace(f, in.at(f).clone());
+  }
+  forces.at("a")[1] = std::numeric_limits<double>::quiet_NaN();
+  forces.at("c")[3] = std::numeric_limits<double>::infinity();
+  for (const bool into : {false, true}) {
+    CAPTURE(into);
+    MaterialState state(model, points, start);
+    auto host = at::full({points}, 7.0, at::kDouble);
+    const auto& r = state.step(
+        forces, {.derivatives = true,
+                 .into = into ? HostLayout{.outputs = {{"a_rate", host}}} : HostLayout{}});
+    const auto bad = at::zeros({points}, at::kBool).index_fill_(0, at::tensor(std::vector<std::int64_t>{1, 3}), true);
+    CHECK(r.failed == 2);
+    CHECK(at::equal(r.converged, ~bad));
+    CHECK(at::equal(r.reasons.index({bad}),
+                    at::full({2}, static_cast<std::int8_t>(RowFailure::non_finite), at::kChar)));
+    CHECK(at::equal(r.reasons.index({~bad}), at::zeros({points - 2}, at::kChar)));
+    CHECK(at::isnan(r.residuals.index({bad})).all().item<bool>());
+    // Failed points NaN, the others the raw graph's.
+    TensorMap inputs = forces;
+    for (const auto& [f, v] : start)
+      inputs.emplace(f + "~1", v);
+    const auto [expected, J] = model.jacobian(inputs);
+    for (const auto& [y, value] : r.outputs) {
+      CAPTURE(y);
+      CHECK(at::isnan(value.index({bad})).all().item<bool>());
+      CHECK(at::equal(value.index({~bad}), expected.at(y).index({~bad})));
+    }
+    CHECK(at::isnan(r.derivatives.at("a_rate").at("a").index({bad})).all().item<bool>());
+    if (into)
+      CHECK(r.outputs.at("a_rate").is_same(host));
+    state.accept();
+    CHECK(at::equal(state.start().at("a").index({bad}), start.at("a").index({bad})));
+    CHECK(at::equal(state.start().at("c").index({bad}), start.at("c").index({bad})));
+    CHECK(at::equal(state.start().at("a").index({~bad}), forces.at("a").index({~bad})));
+  }
+}
+
+TEST_CASE("a failed point says why: did not converge (its last residual norm) or non-finite") {
+  const ScalarCase c;
+  const auto model = load("scalar_backward_euler");
+  auto a = c.in.at("a").clone();
+  const auto spans = c.ref["sub/spans"];
+  const auto one = (spans == 1).nonzero().squeeze(1);
+  REQUIRE(one.numel() > 0);
+  const auto nan_point = one[0].item<std::int64_t>(); // converges when its input is finite
+  a[nan_point] = std::numeric_limits<double>::quiet_NaN();
+  // The model's own per-row error, as the reference for the norms.
+  TensorMap inputs = c.in;
+  inputs.at("a") = a;
+  inputs.at("x") = c.in.at("x~1");
+  std::optional<ConvergenceError> error;
+  try {
+    static_cast<void>(model.forward(inputs));
+  } catch (const ConvergenceError& e) {
+    error = e;
+  }
+  REQUIRE(error);
+  REQUIRE(error->per_row());
+  for (const int cuts : {0, 3}) {
+    CAPTURE(cuts);
+    auto state = scalar_state(model, c);
+    const auto& r = state.step({{"a", a}}, c.in.at("t"), {.max_cuts = cuts});
+    const auto failed = ~r.converged;
+    CHECK(r.reasons[nan_point].item<std::int8_t>() ==
+          static_cast<std::int8_t>(RowFailure::non_finite));
+    CHECK(std::isnan(r.residuals[nan_point].item<double>()));
+    CHECK(at::equal(r.reasons.index({r.converged}),
+                    at::zeros({r.converged.sum().item<std::int64_t>()}, at::kChar)));
+    CHECK(at::equal(r.residuals.index({r.converged}),
+                    at::zeros_like(r.residuals.index({r.converged}))));
+    const auto stuck =
+        failed.logical_and(r.reasons != static_cast<std::int8_t>(RowFailure::non_finite));
+    REQUIRE(stuck.any().item<bool>());
+    CHECK((r.reasons.index({stuck}) != 0).all().item<bool>());
+    if (cuts == 0) // the model's own call: the same reasons and norms
+      for (const auto& [mine, its] : {std::pair{r.reasons, error->reasons()},
+                                      std::pair{r.residuals, error->residual_norms()}})
+        CHECK(at::equal(at::nan_to_num(mine.to(at::kDouble), -1.0),
+                        at::nan_to_num(its.to(at::kDouble), -1.0)));
+    else // a point failed at the deepest cut: a finite norm above the tolerance, or NaN
+      CHECK(((r.residuals.index({stuck}) > 1e-10) | at::isnan(r.residuals.index({stuck})))
+                .all()
+                .item<bool>());
+  }
+}
+
+TEST_CASE("a cut interpolates a given input from its last accepted value") {
+  const ScalarCase c; // `a` is a given input: the model has no a~1
+  const auto model = load("scalar_backward_euler");
+  const auto a1 = c.in.at("a");
+  const auto a0 = a1 * 0.5;
+  MaterialState state(model, c.rows, {{"x", c.in.at("x~1")}, {"t", c.in.at("t~1")}, {"a", a0}});
+  const auto& r = state.step({{"a", a1}}, c.in.at("t"), {.max_cuts = 3});
+  // A point cut once: its two halves by hand, `a` and `t` halfway at the first's end.
+  const auto once = (r.substeps == 2).nonzero().squeeze(1);
+  REQUIRE(once.numel() > 0);
+  const auto pick = [&](const at::Tensor& t) { return t.index_select(0, once); };
+  const auto t0 = pick(c.in.at("t~1")), t1 = pick(c.in.at("t"));
+  MaterialState halves(model, once.size(0), {{"x", pick(c.in.at("x~1"))}, {"t", t0}});
+  const auto& h1 =
+      halves.step({{"a", pick(a0) + (pick(a1) - pick(a0)) * 0.5}}, t0 + (t1 - t0) * 0.5);
+  REQUIRE(h1.failed == 0);
+  halves.accept();
+  const auto& h2 = halves.step({{"a", pick(a1)}}, t1);
+  REQUIRE(h2.failed == 0);
+  test::check_close(pick(r.outputs.at("x")), h2.outputs.at("x"), "two half steps by hand", 1e-12);
+
+  // Without a value the state keeps (no initial, nothing accepted yet): held at the step's.
+  auto held = scalar_state(model, c);
+  const auto& rh = held.step({{"a", a1}}, c.in.at("t"), {.max_cuts = 3});
+  CHECK(at::equal(rh.substeps, c.ref["sub/spans"].to(at::kLong)));
+}
+
+TEST_CASE("a state two steps deep (NEML2's LinearExtrapolationPredictor): x~2 and t~2 kept, as a "
+          "hand-written loop and eager NEML2") {
+  const test::Reference ref("scalar_backward_euler"); // the same model, a constant guess
+  const auto model = load("scalar_linear_predictor");
+  const auto roles = state_roles(model);
+  CHECK(roles.state == std::vector<std::string>{"x"});
+  CHECK(roles.forces == std::vector<std::string>{"t"});
+  CHECK(roles.given == std::vector<std::string>{"a"});
+  CHECK(roles.fixed.empty());
+  CHECK(roles.depth == std::map<std::string, int>{{"t", 2}, {"x", 2}});
+  const auto first = ref.group("s0/in");
+  const auto points = first.at("a").size(0);
+  MaterialState state(model, points, {{"x", first.at("x~1")}, {"t", first.at("t~1")}});
+  // By hand: before the first step, the older values are the initial ones.
+  at::Tensor x1 = first.at("x~1"), x2 = x1, t1 = first.at("t~1"), t2 = t1;
+  for (int n = 0; n < 4; ++n) {
+    CAPTURE(n);
+    const auto in = ref.group(step_name(n) + "/in");
+    const auto& r = state.step({{"a", in.at("a")}}, in.at("t"), {.derivatives = true});
+    REQUIRE(r.failed == 0);
+    const auto [out, J] = model.jacobian(
+        {{"a", in.at("a")}, {"x~1", x1}, {"x~2", x2}, {"t", in.at("t")}, {"t~1", t1}, {"t~2", t2}});
+    CHECK(test::identical(r.outputs, out));
+    CHECK(at::equal(r.derivatives.at("x").at("x~2"), J.at("x").at("x~2")));
+    test::check_close(r.outputs, ref.group(step_name(n) + "/out"), "eager NEML2", 1e-8);
+    state.accept();
+    x2 = x1;
+    x1 = out.at("x");
+    t2 = t1;
+    t1 = in.at("t");
+  }
+}
+
+TEST_CASE("a state two steps deep cuts its points as one step deep does, to Newton's "
+          "tolerance") {
+  const ScalarCase c;
+  const auto deep = load("scalar_linear_predictor");
+  auto state = scalar_state(deep, c);
+  const auto& r = state.step({{"a", c.in.at("a")}}, c.in.at("t"), {.max_cuts = 3});
+  const auto converged = c.ref["sub/spans"] > 0;
+  CHECK(at::equal(r.converged, converged));
+  test::check_close(r.outputs.at("x").index({converged}), c.ref["sub/out/x"].index({converged}),
+                    "eager spans", 1e-8);
 }

@@ -93,19 +93,73 @@ TEST_CASE("a submitted step: the blocking step's result; the state refuses other
            },
            [&] { held_state.accept(); }, [&] { held_state.reject(); }})
     CHECK(test::contains(test::fatal_message(refused), "a submitted step is running"));
+  CHECK(held_state.pending()); // read while the worker runs the step (TSan: no race)
   CHECK_FALSE(pending.ready());
   release.set_value();
   pending.wait();
   held_state.accept();
   gated.set_observer({});
 
-  // A bad force: the step's own error, at the wait; the state as it was.
+  // A bad force: refused by submit() itself, nothing submitted; the state as it was.
   const auto before = submitted.start();
-  auto failing = submitted.submit({{"strain", in.at("E")}}, in.at("t"));
-  CHECK(test::contains(test::fatal_message([&] { static_cast<void>(failing.wait()); }),
+  CHECK(test::contains(test::fatal_message([&] {
+                         static_cast<void>(submitted.submit({{"strain", in.at("E")}}, in.at("t")));
+                       }),
                        "'strain' is not a force or given input"));
   CHECK_FALSE(submitted.pending());
   CHECK(test::identical(submitted.start(), before));
+}
+
+TEST_CASE("a submitted step's handle gives its own step's results: the state takes no other step "
+          "until the wait, however far the worker has got") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto in = ref.group("s3/in");
+  const auto points = in.at("E").size(0);
+  MaterialState blocking(model, points), state(model, points);
+  const auto& expected = blocking.step({{"E", in.at("E")}}, in.at("t"));
+  auto handle = state.submit({{"E", in.at("E")}}, in.at("t"));
+  while (!handle.ready())
+    std::this_thread::yield();
+  // The worker is done, the handle not waited for: still refused.
+  CHECK(test::contains(test::fatal_message([&] {
+                         static_cast<void>(state.step({{"E", 0.1 * in.at("E")}}, in.at("t")));
+                       }),
+                       "has not been waited for"));
+  CHECK_THROWS_AS(state.reject(), FatalError);
+  CHECK(state.pending());
+  const auto& r = handle.wait();
+  CHECK(test::identical(r.outputs, expected.outputs));
+  // After the wait the state is the host's again; a dropped handle releases it too.
+  static_cast<void>(state.step({{"E", 0.1 * in.at("E")}}, in.at("t")));
+  { auto dropped = state.submit({{"E", in.at("E")}}, in.at("t")); }
+  CHECK(test::identical(state.step({{"E", in.at("E")}}, in.at("t")).outputs, expected.outputs));
+}
+
+TEST_CASE("forces and given inputs are captured at submit(): the host may reuse its buffers at "
+          "once") {
+  const test::Reference ref("j2_radial_return");
+  auto model = load("j2_radial_return");
+  const auto in = ref.group("s3/in");
+  const auto points = in.at("E").size(0);
+  MaterialState blocking(model, points);
+  const auto& expected = blocking.step({{"E", in.at("E")}}, in.at("t"));
+  blocking.accept();
+
+  // The worker held at its first chunk until the host has rewritten its buffers.
+  std::promise<void> release;
+  model.set_observer([held = release.get_future().share()](const ChunkEvent&) { held.wait(); });
+  MaterialState state(model, points);
+  auto E = in.at("E").clone(), t = in.at("t").clone(); // E a given input, t a force
+  auto handle = state.submit({{"E", E}}, t);
+  E.mul_(3);
+  t.add_(1);
+  release.set_value();
+  const auto& r = handle.wait();
+  model.set_observer({});
+  CHECK(test::identical(r.outputs, expected.outputs));
+  state.accept();
+  CHECK(at::equal(state.start().at("t"), blocking.start().at("t")));
 }
 
 TEST_CASE("a handle dropped without a wait waits for its call") {

@@ -5,6 +5,7 @@
 /// kept by the library over any DispatchedModel. The start of the step and its trial end,
 /// step / accept / reject, and the points that fail cut alone. See docs/hosts.md.
 
+#include <atomic>
 #include <cstdint>
 #include <future>
 #include <map>
@@ -36,6 +37,9 @@ struct StateRoles {
   /// @var fixed
   /// Old values `h~1` with no current partner: held at their initial value (0 unless given).
   std::vector<std::string> state, forces, given, fixed;
+  /// How many old values of a state variable or force the model takes: `x~1` to `x~k`
+  /// (NEML2's LinearExtrapolationPredictor takes `x~2` and `t~2`); 1 when it is absent.
+  std::map<std::string, int> depth;
 };
 
 /// The roles of `model`'s inputs and outputs.
@@ -58,7 +62,8 @@ struct HostLayout {
   VariablePairJacobian derivatives;
   /// Optional int64 `(K,)`: the state's points the rows hold, in order (a subset, or the
   /// host's own numbering); their results are copied in. Without it every point, in order,
-  /// is written by the model's graphs themselves: no copy.
+  /// is written by the model's graphs themselves: no copy. No two destinations of a layout
+  /// may share a byte of memory.
   at::Tensor points;
 };
 
@@ -69,6 +74,8 @@ struct StepOptions {
   bool derivatives = false;
   /// A point whose step fails (Newton does not converge) retries it alone, its forces and
   /// time interpolated over spans bisected down to 2^-max_cuts of the step; 0: no retry.
+  /// A given input (no old value in the model) is interpolated from its last accepted value
+  /// (or its initial one); before the state has one it is held at the step's value.
   int max_cuts = 0;
   /// Results also (or only) in the host's storage; StepResult then refers to it.
   HostLayout into = {};
@@ -76,7 +83,7 @@ struct StepOptions {
   /// (start + (start - the start before) * dt / dt before, per point), not the start: fewer
   /// iterations on a smooth history, results the same within Newton's tolerance. The state
   /// keeps the start before from the first step that asks on (that step starts from the
-  /// start).
+  /// start). A model with no input `x` for Newton's guess cannot use it: refused.
   bool extrapolate = false;
 };
 
@@ -88,8 +95,15 @@ struct StepResult {
   /// With StepOptions::derivatives: `J[out][in]` per point, `(N, *out_base, *in_base)`
   /// (NaN for the points that failed).
   VariablePairJacobian derivatives;
-  /// `(N,)` bool: the points whose step (or every sub-step) converged.
+  /// `(N,)` bool: the points whose step (or every sub-step) converged with finite outputs
+  /// (an explicit model's point with a NaN or infinite output failed).
   at::Tensor converged;
+  /// `(N,)` int8, a RowFailure per point: why it failed (its last try, when cut); `none`
+  /// where it converged.
+  at::Tensor reasons;
+  /// `(N,)` double: each failed point's last residual norm (NaN where it was not finite,
+  /// and for a non-finite output); 0 where the point converged.
+  at::Tensor residuals;
   /// `(N,)` int64: the sub-steps each point took: 1 uncut, more when cut, 0 when failed.
   at::Tensor substeps;
   /// @var cut
@@ -137,8 +151,9 @@ public:
   /// keeps its values): each state variable `x`, each force `f` (its last accepted
   /// value) and each fixed input `h~1`, `(N, ...)`.
   [[nodiscard]] const TensorMap& start() const noexcept { return _start; }
-  /// True between a step() and its accept() or reject().
-  [[nodiscard]] bool pending() const noexcept { return _pending; }
+  /// True between a step() and its accept() or reject(), and from a submit() until its
+  /// handle's wait().
+  [[nodiscard]] bool pending() const noexcept;
 
   /// @brief Evaluates the step from the start to `forces`: a value for every force and
   /// given input, `(N, ...)` or broadcast to it. Replaces any trial not yet accepted. Every
@@ -151,8 +166,11 @@ public:
                          const StepOptions& options = {});
 
   /// @brief step() on the library's worker thread (submitted.hpp): returns at once, and
-  /// the handle's wait() gives the step's result or throws what step() would. Until then
-  /// the state takes no other step, submission, accept or reject (a FatalError).
+  /// the handle's wait() gives the step's result or throws what step() would past its
+  /// checks. Every input is checked here, and the forces and given inputs copied: the host
+  /// may reuse its buffers at once. Until the handle's wait() (or its destruction), however
+  /// far the worker has got, the state takes no other step, submission, accept or reject
+  /// (a FatalError), so the handle's result is its step's.
   Submitted<const StepResult&> submit(const TensorMap& forces, const StepOptions& options = {});
   /// The same with the time `t` given apart.
   Submitted<const StepResult&> submit(const TensorMap& forces, const at::Tensor& t,
@@ -168,11 +186,14 @@ public:
   void reject();
 
 private:
-  [[nodiscard]] TensorMap checked_forces(const TensorMap& forces, const StepOptions& options) const;
+  [[nodiscard]] TensorMap checked_forces(const TensorMap& forces, const StepOptions& options,
+                                         bool copy_given) const;
   [[nodiscard]] at::Tensor selected_points(const at::Tensor& points) const;
   [[nodiscard]] TensorMap with_time(const TensorMap& forces, const at::Tensor& t) const;
-  const StepResult& run_step(const TensorMap& forces, const StepOptions& options);
-  void keep_before(); // the start as it is, as the start before the next (StepOptions::extrapolate)
+  const StepResult& run_step(TensorMap values, const StepOptions& options);
+  // The start as it is (at `index`, all when undefined) as the start before the next: the
+  // older values x~k, given inputs for cuts, StepOptions::extrapolate's start before.
+  void keep_before(const at::Tensor& index);
   void refuse_while_submitted(const char* what) const;
   void check_layout(const HostLayout& into, const StepOptions& options) const;
   [[nodiscard]] detail::PointsEvaluation evaluate_into(const TensorMap& inputs,
@@ -184,13 +205,18 @@ private:
   at::TensorOptions _options;           // the model's first device and dtype
   std::map<std::string, Shape> _shapes; // each variable's value per point (sub-batch, base)
   TensorMap _start;                     // state x, forces f, fixed h~1
-  TensorMap _forces;                    // the pending step's forces, copied (what accept() takes)
-  TensorMap _before;                    // the start before the last accept (state x and t)
-  bool _extrapolating = false;          // a step asked for StepOptions::extrapolate
-  StepResult _result;                   // the pending step's
+  TensorMap _forces; // the pending step's forces and given inputs, copied (what accept() takes)
+  TensorMap _before; // the start before the last accept (state x and t)
+  TensorMap _given_start; // given inputs as last accepted (cut interpolation)
+  std::map<std::string, std::vector<at::Tensor>> _older; // x~2, x~3, ... by x (depth > 1)
+  bool _extrapolating = false; // a step asked for StepOptions::extrapolate
+  bool _cutting = false;       // a step asked for max_cuts > 0
+  StepResult _result;          // the pending step's
   bool _pending = false;
-  std::shared_future<void> _submitted;     // ready once the last submitted step has ended
-  at::Tensor _all_converged, _one_substep; // a step's flags when every point converged
+  std::shared_future<void> _submitted;          // ready once the last submitted step has ended
+  std::shared_ptr<std::atomic<bool>> _unwaited; // true until the submitted step's wait()
+  at::Tensor _all_converged, _one_substep;      // a step's flags when every point converged
+  at::Tensor _no_failures, _no_residuals;       // and its reasons and residuals
   bool _has_jacobian = false;
   std::set<std::string> _host_owned; // outputs of the pending trial that live in host storage
   std::map<std::string, Shape> _input_shapes, _output_shapes; // per point, by public name

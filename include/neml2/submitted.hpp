@@ -30,15 +30,20 @@ template <class T>
 class Submitted {
 public:
   Submitted() = default;
-  /// The handle of the call that will fulfil `result`.
-  explicit Submitted(std::future<T> result)
-      : _result(std::move(result)) {}
+  /// The handle of the call that will fulfil `result`; `on_end` runs once the handle is
+  /// done with it (after wait(), or when the handle drops it).
+  explicit Submitted(std::future<T> result, std::function<void()> on_end = {})
+      : _result(std::move(result))
+      , _on_end(std::move(on_end)) {}
   /// Takes over `other`'s call.
-  Submitted(Submitted&&) noexcept = default;
+  Submitted(Submitted&& other) noexcept
+      : _result(std::move(other._result))
+      , _on_end(std::exchange(other._on_end, {})) {}
   /// Waits for this handle's call, then takes over `other`'s.
   Submitted& operator=(Submitted&& other) noexcept {
     finish();
     _result = std::move(other._result);
+    _on_end = std::exchange(other._on_end, {});
     return *this;
   }
   Submitted(const Submitted&) = delete;
@@ -49,6 +54,10 @@ public:
   T wait() {
     if (!_result.valid())
       throw FatalError("Submitted::wait(): no call to wait for (a handle is waited for once)");
+    struct End {
+      Submitted& handle;
+      ~End() { handle.end(); }
+    } end{*this};
     return _result.get();
   }
   /// True once the call has ended (wait() would not block).
@@ -63,8 +72,14 @@ private:
   void finish() noexcept {
     if (_result.valid())
       _result.wait();
+    end();
+  }
+  void end() noexcept {
+    if (_on_end)
+      std::exchange(_on_end, {})();
   }
   std::future<T> _result;
+  std::function<void()> _on_end;
 };
 
 namespace detail {
@@ -72,11 +87,12 @@ namespace detail {
 /// submitting thread's intra-op thread count. Tasks run one at a time, in order.
 void run_submitted(std::function<void()> task);
 
-/// `call()` on the worker thread; its result or exception through the handle.
+/// `call()` on the worker thread; its result or exception through the handle (`on_end`: see
+/// Submitted).
 template <class T, class Call>
-Submitted<T> submit_call(Call call) {
+Submitted<T> submit_call(Call call, std::function<void()> on_end = {}) {
   auto promise = std::make_shared<std::promise<T>>();
-  Submitted<T> handle(promise->get_future());
+  Submitted<T> handle(promise->get_future(), std::move(on_end));
   run_submitted([promise, call = std::move(call)]() mutable {
     try {
       promise->set_value(call());

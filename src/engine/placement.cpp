@@ -142,6 +142,23 @@ bool share_memory(const at::Tensor& a, const at::Tensor& b) {
   return ((before >= 0) & (last_b + size_b > starts_a)).any().item<bool>();
 }
 
+void check_destination(const at::Tensor& t, const std::string& label) {
+  if (t.is_neg() || t.is_conj() || t._is_zerotensor())
+    throw FatalError(label + " is a lazy view (" +
+                     (t._is_zerotensor() ? "a zero tensor without memory"
+                                         : "its memory holds its values negated or conjugated") +
+                     "): the results would be written as plain values; pass a tensor that "
+                     "holds its own values, e.g. a new one from torch.empty_like");
+  if (t.requires_grad() && at::GradMode::is_enabled())
+    throw FatalError(label + " requires grad: results are written into it in place, outside "
+                             "autograd (as torch's out= arguments are); pass one that does not, or "
+                             "call under torch.no_grad()");
+  if (at::has_internal_overlap(t) == at::MemOverlap::Yes)
+    throw FatalError(label + " has elements that share memory (an expanded or broadcast "
+                             "view): pass a tensor whose elements are distinct, e.g. a slice of a "
+                             "contiguous one");
+}
+
 std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype, const Destinations& into) {
   std::vector<at::Tensor> targets;
   for (std::size_t i = 0; i < call.slots().size(); ++i) {
@@ -164,22 +181,7 @@ std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype, const D
                        ", but the model "
                        "computes " +
                        c10::toString(dtype) + ": pass a " + c10::toString(dtype) + " tensor");
-    if (t.is_neg() || t.is_conj() || t._is_zerotensor())
-      throw FatalError(label + " is a lazy view (" +
-                       (t._is_zerotensor() ? "a zero tensor without memory"
-                                           : "its memory holds its values negated or conjugated") +
-                       "): the results would be written as plain values; pass a tensor that "
-                       "holds its own values, e.g. a new one from torch.empty_like");
-    if (t.requires_grad() && at::GradMode::is_enabled())
-      throw FatalError(label +
-                       " requires grad: results are written into it in place, outside "
-                       "autograd (as torch's out= arguments are); pass one that does not, or "
-                       "call under torch.no_grad()");
-    if (at::has_internal_overlap(t) == at::MemOverlap::Yes)
-      throw FatalError(label +
-                       " has elements that share memory (an expanded or broadcast "
-                       "view): pass a tensor whose elements are distinct, e.g. a slice of a "
-                       "contiguous one");
+    check_destination(t, label);
     for (std::size_t j = 0; j < i; ++j)
       if (share_memory(t, into.tensors[j]))
         throw FatalError(label + " and " + into.labels[j] +

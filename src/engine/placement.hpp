@@ -52,6 +52,11 @@ inline constexpr std::int64_t lane_pieces = 8;
 [[nodiscard]] std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype,
                                                const Destinations& into);
 
+/// Refuses (FatalError, naming it `label`) a tensor results cannot be written into as
+/// values: a lazy (negated, conjugated or zero) view, one that requires grad in grad mode,
+/// or one whose elements share memory (a broadcast view).
+void check_destination(const at::Tensor& t, const std::string& label);
+
 /// Whether `a` and `b` have a byte of memory in common, whatever storages hold them (two
 /// tensors made from one pointer are two storages): by their data pointers, sizes and
 /// strides, element by element where strided views interleave.

@@ -67,7 +67,8 @@ void MaterialState::check_layout(const HostLayout& into, const StepOptions& opti
       shape.insert(shape.end(), in.begin(), in.end());
       given.emplace_back(fmt::format("block d({})/d({})", y, z), t, std::move(shape));
     }
-  for (const auto& [label, t, shape] : given) {
+  for (auto it = given.begin(); it != given.end(); ++it) {
+    const auto& [label, t, shape] = *it;
     if (!t.defined() || t.sizes() != at::IntArrayRef(shape) || t.scalar_type() != _model->dtype())
       throw FatalError(fmt::format(
           "MaterialState::step(): the host layout's {} is {}; pass a {} tensor of shape {} "
@@ -76,6 +77,13 @@ void MaterialState::check_layout(const HostLayout& into, const StepOptions& opti
           t.defined() ? fmt::format("{} of shape {}", c10::toString(t.scalar_type()), t.sizes())
                       : std::string("undefined"),
           c10::toString(_model->dtype()), shape));
+    detail::check_destination(t, "MaterialState::step(): the host layout's " + label);
+    for (auto other = given.begin(); other != it; ++other)
+      if (detail::share_memory(t, std::get<1>(*other)))
+        throw FatalError(fmt::format("MaterialState::step(): the host layout's {} and {} share "
+                                     "memory: one would overwrite the other; pass destinations "
+                                     "that do not overlap",
+                                     std::get<0>(*other), label));
     for (const auto& kept : {&_start, &_forces})
       for (const auto& [name, value] : *kept)
         if (detail::share_memory(t, value))
@@ -118,10 +126,11 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
   try {
     options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives)
                         : _model->forward_into(inputs, e.outputs);
+    detail::flag_failures(e, nullptr);
   } catch (const ConvergenceError& error) {
     if (!error.per_row())
       throw;
-    e.converged = error.converged_mask();
+    detail::flag_failures(e, &error);
   }
   for (auto& [one, host] : spread) {
     const auto one_shape = one.sizes().vec();

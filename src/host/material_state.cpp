@@ -24,8 +24,19 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-std::string old_name(const std::string& name) {
-  return name + "~1";
+std::string old_name(const std::string& name, int k = 1) {
+  return name + "~" + std::to_string(k);
+}
+
+// `name` as `base~k` (k >= 1), or {name, 0} without a history suffix.
+std::pair<std::string, int> history_of(const std::string& name) {
+  const auto tilde = name.rfind('~');
+  const auto digits = tilde == std::string::npos ? std::string() : name.substr(tilde + 1);
+  if (digits.empty() || digits.size() > 3 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return {name, 0};
+  const int k = std::stoi(digits);
+  return k < 1 ? std::pair{name, 0} : std::pair{name.substr(0, tilde), k};
 }
 
 // The per-point shape of each input (sub-batch then base axes), by public name.
@@ -88,9 +99,14 @@ at::Tensor guess(const std::string& x, const TensorMap& start, const TensorMap& 
 // The step's inputs by name: the state and old forces from `start`, the rest from `forces`;
 // Newton's guess the start, or extrapolated (guess()).
 TensorMap step_inputs(const AnyDispatchedModel& model, const StateRoles& roles,
-                      const TensorMap& start, const TensorMap& forces, const TensorMap& before) {
+                      const TensorMap& start, const TensorMap& forces, const TensorMap& before,
+                      const std::map<std::string, std::vector<at::Tensor>>& older) {
   TensorMap in;
   const auto& inputs = model.input_names();
+  for (const auto& [n, values] : older) // x~2, x~3, ...: the starts before
+    for (std::size_t j = 0; j < values.size(); ++j)
+      if (const auto name = old_name(n, static_cast<int>(j) + 2); contains(inputs, name))
+        in.emplace(name, values[j]);
   for (const auto& x : roles.state) {
     in.emplace(old_name(x), start.at(x));
     if (contains(inputs, x))
@@ -136,14 +152,19 @@ StateRoles state_roles(const AnyDispatchedModel& model) {
     if (contains(in, old_name(x)))
       roles.state.push_back(x);
   for (const auto& n : in) {
-    if (n.ends_with("~1")) {
-      const auto base = n.substr(0, n.size() - 2);
-      if (!contains(out, base) && !contains(in, base))
-        roles.fixed.push_back(n);
-    } else if (!contains(in, old_name(n)))
-      roles.given.push_back(n);
-    else if (!contains(out, n))
-      roles.forces.push_back(n);
+    const auto [base, k] = history_of(n);
+    const bool paired = contains(in, old_name(base)) && (contains(out, base) || contains(in, base));
+    if (k == 0) {
+      if (!contains(in, old_name(n)))
+        roles.given.push_back(n);
+      else if (!contains(out, n))
+        roles.forces.push_back(n);
+    } else if (!paired) // h~1 (or h~2, ...) with no current partner
+      roles.fixed.push_back(n);
+    else if (k > 1) { // x~k: the state keeps k - 1 starts before
+      auto& depth = roles.depth.try_emplace(base, 1).first->second;
+      depth = std::max(depth, k);
+    }
   }
   return roles;
 }
@@ -168,12 +189,12 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
     for (const auto& n : names)
       _shapes.emplace(n, inputs.at(n));
   for (const auto& [name, value] : initial)
-    if (!contains(_roles.state, name) && !contains(_roles.forces, name) &&
-        !contains(_roles.fixed, name))
+    if (!_shapes.count(name))
       throw FatalError(fmt::format(
-          "MaterialState: an initial value for '{}', which is not a state variable, force or "
-          "fixed input of this model; it has state {}, forces {} and fixed inputs {}",
-          name, _roles.state, _roles.forces, _roles.fixed));
+          "MaterialState: an initial value for '{}', which is not a state variable, force, "
+          "given or fixed input of this model; it has state {}, forces {}, given inputs {} and "
+          "fixed inputs {}",
+          name, _roles.state, _roles.forces, _roles.given, _roles.fixed));
   TensorMap start;
   for (const auto& names : {_roles.state, _roles.forces, _roles.fixed})
     for (const auto& n : names) {
@@ -184,8 +205,17 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
       start.emplace(n, std::move(value));
     }
   _start = std::move(start);
+  for (const auto& g : _roles.given) // a cut interpolates it from here
+    if (const auto it = initial.find(g); it != initial.end())
+      _given_start.emplace(g, as_points(it->second, points, _shapes.at(g), _options,
+                                        "MaterialState: the initial value of", g)
+                                  .clone());
+  for (const auto& [n, depth] : _roles.depth) // before the first step: the initial value
+    _older.emplace(n, std::vector<at::Tensor>(static_cast<std::size_t>(depth - 1), _start.at(n)));
   _all_converged = at::ones({points}, _options.dtype(at::kBool));
   _one_substep = at::ones({points}, _options.dtype(at::kLong));
+  _no_failures = at::zeros({points}, _options.dtype(at::kChar));
+  _no_residuals = at::zeros({points}, _options.dtype(at::kDouble));
 
   // A cut point's derivatives are chained through its spans: every output that has
   // derivatives needs them with respect to every input.
@@ -201,7 +231,8 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
   _has_jacobian = !pairs.empty();
 }
 
-TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptions& options) const {
+TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptions& options,
+                                        bool copy_given) const {
   if (options.max_cuts < 0 || options.max_cuts > 30)
     throw FatalError(fmt::format("MaterialState::step(): max_cuts = {}; give 0 (no retry) to 30 "
                                  "(spans of 2^-30 of the step)",
@@ -231,6 +262,23 @@ TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptio
         "which needs {}, a block the artifact lacks; compile it with -d : (every pair), or "
         "step with max_cuts = 0",
         _missing_block));
+  if (options.extrapolate &&
+      std::none_of(_roles.state.begin(), _roles.state.end(),
+                   [&](const auto& x) { return contains(_model->input_names(), x); }))
+    throw FatalError(fmt::format(
+        "MaterialState::step(): extrapolate asked, but this model takes no input named after a "
+        "state variable {} for Newton's guess (its guess is its own, from the old values): "
+        "step without extrapolate",
+        _roles.state));
+  check_layout(options.into, options);
+  // Copied before anything runs: accept() takes the forces (and a cut the given inputs),
+  // and the host may change its memory meanwhile, or this very step write it (a layout).
+  const bool direct = !options.into.points.defined() &&
+                      (!options.into.outputs.empty() || !options.into.derivatives.empty());
+  const bool keep_given = copy_given || _cutting || options.max_cuts > 0;
+  for (auto& [n, value] : checked)
+    if (keep_given || contains(_roles.forces, n) || (direct && overlaps(options.into, value)))
+      value = at::empty_like(value, at::MemoryFormat::Contiguous).copy_(value);
   return checked;
 }
 
@@ -251,11 +299,15 @@ MaterialState::~MaterialState() {
     _submitted.wait();
 }
 
+bool MaterialState::pending() const noexcept {
+  return (_unwaited && _unwaited->load(std::memory_order_acquire)) || _pending;
+}
+
 void MaterialState::refuse_while_submitted(const char* what) const {
-  if (_submitted.valid() &&
-      _submitted.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
-    throw FatalError(fmt::format("MaterialState::{}(): a submitted step is running; wait() for "
-                                 "it first",
+  if (_unwaited && _unwaited->load(std::memory_order_acquire))
+    throw FatalError(fmt::format("MaterialState::{}(): a submitted step is running or has not been "
+                                 "waited for; call wait() on its handle first (its result is its "
+                                 "step's until then)",
                                  what));
 }
 
@@ -266,7 +318,7 @@ const StepResult& MaterialState::step(const TensorMap& forces, const at::Tensor&
 
 const StepResult& MaterialState::step(const TensorMap& forces, const StepOptions& options) {
   refuse_while_submitted("step");
-  return run_step(forces, options);
+  return run_step(checked_forces(forces, options, false), options);
 }
 
 void MaterialState::reject() {
@@ -277,26 +329,14 @@ void MaterialState::reject() {
   _pending = false;
 }
 
-const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOptions& options) {
-  auto values = checked_forces(forces, options);
+const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& options) {
   const auto& into = options.into;
-  check_layout(into, options);
   const bool direct =
       !into.points.defined() && (!into.outputs.empty() || !into.derivatives.empty());
-  // The forces copied before anything runs: accept() takes them, and the host's memory may
-  // change meanwhile (or be written by this very step, under a layout). A given input the
-  // layout will write over is read from a copy too (the retry of failed points reads it
-  // again after the model has written).
-  TensorMap kept;
-  for (const auto& f : _roles.forces)
-    values.at(f) = kept.emplace(f, at::empty_like(_start.at(f)).copy_(values.at(f))).first->second;
-  if (direct)
-    for (const auto& g : _roles.given)
-      if (overlaps(into, values.at(g)))
-        values.at(g) = values.at(g).clone();
   _extrapolating = _extrapolating || options.extrapolate;
-  const auto inputs =
-      step_inputs(*_model, _roles, _start, values, options.extrapolate ? _before : TensorMap{});
+  _cutting = _cutting || options.max_cuts > 0;
+  const auto inputs = step_inputs(*_model, _roles, _start, values,
+                                  options.extrapolate ? _before : TensorMap{}, _older);
   // The checks passed: the trial before goes now, so that its results and this step's are
   // never held at once (a failure below leaves no trial).
   _pending = false;
@@ -308,12 +348,17 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
   if (e.converged.defined()) {
     r.converged = e.converged.to(_options.device());
     r.substeps = r.converged.to(at::kLong);
+    r.reasons = e.reasons.to(_options.device());
+    r.residuals = e.residuals.to(_options.device());
     failed = (~r.converged).nonzero().squeeze(1);
   } else { // shared, read-only
     r.converged = _all_converged;
     r.substeps = _one_substep;
+    r.reasons = _no_failures;
+    r.residuals = _no_residuals;
   }
-  const bool cut = failed.defined() && failed.numel() > 0 && options.max_cuts > 0;
+  const bool some_failed = failed.defined() && failed.numel() > 0;
+  const bool cut = some_failed && options.max_cuts > 0;
   r.outputs = std::move(e.outputs);
   if (!direct) // the state's own: whole rows, writable
     for (auto& [y, value] : r.outputs)
@@ -322,13 +367,15 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
   for (auto& [y, blocks] : r.derivatives)
     for (auto& [z, block] : blocks)
       if (block.dim() == r.outputs.at(y).dim() + inputs.at(z).dim() - 2) {
-        // batch-independent: one block for every point
+        // batch-independent: one block for every point (its own rows when some failed)
         const auto base = block.sizes().vec();
         const auto full = with_rows(_points, {&base});
-        block = cut ? block.expand(full).clone() : block.expand(full);
+        block = some_failed ? block.expand(full).clone() : block.expand(full);
       }
+  if (some_failed && e.non_finite) // an explicit model's point: NaN, as a failed Newton's
+    detail::fill_failed(r, failed);
   if (cut)
-    detail::cut_points({*_model, _roles, options, _start, values}, failed, r);
+    detail::cut_points({*_model, _roles, options, _start, values, _given_start, _older}, failed, r);
   if (failed.defined()) {
     r.failed = (~r.converged).sum().item<std::int64_t>();
     r.cut = (r.substeps > 1).sum().item<std::int64_t>();
@@ -343,7 +390,7 @@ const StepResult& MaterialState::run_step(const TensorMap& forces, const StepOpt
   }
 
   // Nothing above changed the state.
-  _forces = std::move(kept);
+  _forces = std::move(values);
   _result = std::move(r);
   _host_owned.clear();
   if (direct)
@@ -378,13 +425,28 @@ at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
   return index;
 }
 
-void MaterialState::keep_before() {
+void MaterialState::keep_before(const at::Tensor& index) {
+  // `kept[n]` becomes `now` at the accepted points (all: undefined `index`).
+  const auto keep = [&](TensorMap& kept, const std::string& n, const at::Tensor& now) {
+    auto& k = kept.try_emplace(n, now).first->second;
+    k = index.defined() ? k.index_copy(0, index, now.index_select(0, index)) : now;
+  };
+  // x~k (k > 1) take the older starts one place back, x~2 the start as it is.
+  for (auto& [n, values] : _older)
+    for (auto j = values.size(); j-- > 0;) {
+      const auto& newer = j == 0 ? _start.at(n) : values[j - 1];
+      values[j] =
+          index.defined() ? values[j].index_copy(0, index, newer.index_select(0, index)) : newer;
+    }
+  if (_cutting) // a cut interpolates given inputs from their last accepted value
+    for (const auto& g : _roles.given)
+      keep(_given_start, g, _forces.at(g));
   if (!_extrapolating) // kept only for a host that extrapolates: it holds a state's worth
     return;
   for (const auto& x : _roles.state)
-    _before.insert_or_assign(x, _start.at(x));
+    keep(_before, x, _start.at(x));
   if (_start.count("t"))
-    _before.insert_or_assign("t", _start.at("t"));
+    keep(_before, "t", _start.at("t"));
 }
 
 void MaterialState::accept() {
@@ -394,7 +456,7 @@ void MaterialState::accept() {
                      "accepted or rejected once)");
   if (_result.failed > 0)
     return accept(_result.converged);
-  keep_before();
+  keep_before({});
   // The trial becomes the start: no copy, unless it lives in the host's storage. Tensors
   // once handed out (start(), a result) are never written again.
   for (const auto& x : _roles.state)
@@ -416,7 +478,7 @@ void MaterialState::accept(const at::Tensor& points) {
         "MaterialState::accept(): point {} did not converge in this step (its trial is NaN); "
         "accept only points whose StepResult::converged is true",
         index[unconverged[0][0].item<std::int64_t>()].item<std::int64_t>()));
-  keep_before();
+  keep_before(index);
   // New tensors, not writes into ones a host may hold (start() or an earlier result).
   for (const auto& x : _roles.state)
     _start.at(x) = _start.at(x).index_copy(0, index, _result.outputs.at(x).index_select(0, index));

@@ -15,20 +15,62 @@ namespace neml2::detail {
 
 PointsEvaluation evaluate_points(const AnyDispatchedModel& model, const TensorMap& inputs,
                                  bool derivatives) {
+  PointsEvaluation p;
   try {
     if (!derivatives)
-      return {model.forward(inputs), {}, {}};
-    auto [outputs, J] = model.jacobian(inputs);
-    return {std::move(outputs), std::move(J), {}};
+      p.outputs = model.forward(inputs);
+    else
+      std::tie(p.outputs, p.derivatives) = model.jacobian(inputs);
+    flag_failures(p, nullptr);
   } catch (const ConvergenceError& e) {
     if (!e.per_row())
       throw;
     if (!derivatives)
-      return {e.outputs(), {}, e.converged_mask()};
-    auto results = e.results();
-    auto [outputs, J] = CallNames(model.sessions().front()).jacobian(std::move(results));
-    return {std::move(outputs), std::move(J), e.converged_mask()};
+      p.outputs = e.outputs();
+    else
+      std::tie(p.outputs, p.derivatives) =
+          CallNames(model.sessions().front()).jacobian(std::vector<at::Tensor>(e.results()));
+    flag_failures(p, &e);
   }
+  return p;
+}
+
+void flag_failures(PointsEvaluation& e, const ConvergenceError* error) {
+  at::Tensor finite; // (N,): every output of the point finite
+  for (const auto& [y, value] : e.outputs) {
+    const auto f = at::isfinite(value).reshape({value.size(0), -1}).all(1);
+    finite = finite.defined() ? finite.logical_and_(f) : f;
+  }
+  const bool all_finite = !finite.defined() || finite.all().item<bool>();
+  if (!error && all_finite)
+    return;
+  const auto rows = e.outputs.begin()->second.size(0);
+  const auto on = e.outputs.begin()->second.options();
+  if (error) {
+    e.converged = error->converged_mask().to(on.device());
+    e.reasons = error->reasons().to(on.device());
+    e.residuals = error->residual_norms().to(on.device());
+  } else {
+    e.converged = at::ones({rows}, on.dtype(at::kBool));
+    e.reasons = at::zeros({rows}, on.dtype(at::kChar));
+    e.residuals = at::zeros({rows}, on.dtype(at::kDouble));
+  }
+  if (all_finite)
+    return;
+  // A point that converged (or has no Newton: an explicit model) to a non-finite output.
+  const auto bad = e.converged.logical_and(finite.logical_not());
+  e.non_finite = bad.any().item<bool>();
+  e.converged = e.converged.logical_and(finite);
+  e.reasons.masked_fill_(bad, static_cast<std::int8_t>(RowFailure::non_finite));
+  e.residuals.masked_fill_(bad, std::numeric_limits<double>::quiet_NaN());
+}
+
+void fill_failed(StepResult& result, const at::Tensor& failed) {
+  for (auto& [y, value] : result.outputs)
+    value.index_fill_(0, failed, std::numeric_limits<double>::quiet_NaN());
+  for (auto& [y, blocks] : result.derivatives)
+    for (auto& [z, block] : blocks)
+      block.index_fill_(0, failed, std::numeric_limits<double>::quiet_NaN());
 }
 
 namespace {
@@ -72,7 +114,14 @@ public:
       _f1.emplace(f, step.forces.at(f).index_select(0, points));
     }
     for (const auto& g : r.given)
-      _held.emplace(g, step.forces.at(g).index_select(0, points));
+      if (step.given_start.count(g)) { // interpolated from its last accepted value
+        _g0.emplace(g, step.given_start.at(g).index_select(0, points));
+        _f1.emplace(g, step.forces.at(g).index_select(0, points));
+      } else
+        _held.emplace(g, step.forces.at(g).index_select(0, points));
+    for (const auto& [n, values] : step.older)
+      for (const auto& v : values)
+        _older[n].push_back(v.index_select(0, points));
     for (const auto& h : r.fixed)
       _held.emplace(h, step.start.at(h).index_select(0, points));
     const auto& inputs = step.model.input_names();
@@ -86,6 +135,8 @@ public:
     const auto on = result.converged.options();
     _substeps = at::zeros({_m}, on.dtype(at::kLong));
     _failed = at::zeros({_m}, on.dtype(at::kBool));
+    _reasons = at::zeros({_m}, on.dtype(at::kChar));
+    _residuals = at::zeros({_m}, on.dtype(at::kDouble));
   }
 
   // Every point failed the whole step (depth 0): its halves.
@@ -99,6 +150,8 @@ public:
         result.derivatives.at(y).at(z).index_copy_(0, _points, block);
     result.substeps.index_copy_(0, _points, _substeps.masked_fill(_failed, 0));
     result.converged.index_copy_(0, _points, ~_failed);
+    result.reasons.index_copy_(0, _points, _reasons);
+    result.residuals.index_copy_(0, _points, _residuals);
   }
 
 private:
@@ -117,8 +170,19 @@ private:
       in.emplace(f, b == 1.0 ? end : start + (end - start) * b);
       in.emplace(f + "~1", a == 0.0 ? start : start + (end - start) * a);
     }
+    for (const auto& [g, g0] : _g0) {
+      const auto start = g0.index_select(0, rows), end = _f1.at(g).index_select(0, rows);
+      in.emplace(g, b == 1.0 ? end : start + (end - start) * b);
+    }
     for (const auto& [g, value] : _held)
       in.emplace(g, value.index_select(0, rows));
+    // x~k (k > 1): the starts of the spans before, the step's own before its first span.
+    const auto& names = _step.model.input_names();
+    for (const auto& [n, values] : _older)
+      for (std::size_t j = 0; j < values.size(); ++j)
+        if (const auto name = n + "~" + std::to_string(j + 2);
+            std::find(names.begin(), names.end(), name) != names.end())
+          in.emplace(name, values[j].index_select(0, rows));
     return in;
   }
 
@@ -141,7 +205,10 @@ private:
         const auto B = flat(block, s, ny, point_dims);
         const bool old = i.ends_with("~1");
         const auto base = old ? i.substr(0, i.size() - 2) : i;
-        if (_f0.count(base)) { // a force: f = (1-b) f~1 + b f at the span's end, a at its start
+        if (_g0.count(i)) // a given input, from the state's start value: b of it is the step's
+          add(y, i, B * b);
+        else if (_f0.count(
+                     base)) { // a force: f = (1-b) f~1 + b f at the span's end, a at its start
           const double w = old ? a : b;
           add(y, base, B * w);
           add(y, base + "~1", B * (1 - w));
@@ -164,6 +231,7 @@ private:
     const auto done = rows.index_select(0, ok_rows);
     if (done.numel() > 0) {
       const auto D = derivatives ? chain(rows, a, b, e, inputs) : VariablePairJacobian{};
+      shift_older(done, inputs, ok_rows);
       for (auto& [x, value] : _x)
         value.index_copy_(0, done, e.outputs.at(x).index_select(0, ok_rows));
       if (derivatives)
@@ -193,9 +261,24 @@ private:
       return;
     if (depth == _step.options.max_cuts) {
       _failed.index_fill_(0, failed, true);
+      const auto failed_rows = (~ok).nonzero().squeeze(1);
+      _reasons.index_copy_(0, failed, e.reasons.index_select(0, failed_rows).to(_reasons.device()));
+      _residuals.index_copy_(0, failed,
+                             e.residuals.index_select(0, failed_rows).to(_residuals.device()));
       return;
     }
     bisect(failed, a, b, depth);
+  }
+
+  // The span's older values move one place back for the points `done` (local), x~2 taking
+  // the state (or force) the span started from, `inputs` at their rows `ok_rows`.
+  void shift_older(const at::Tensor& done, const TensorMap& inputs, const at::Tensor& ok_rows) {
+    for (auto& [n, values] : _older)
+      for (auto j = values.size(); j-- > 0;) {
+        const auto newer = j == 0 ? inputs.at(n + "~1").index_select(0, ok_rows)
+                                  : values[j - 1].index_select(0, done);
+        values[j].index_copy_(0, done, newer);
+      }
   }
 
   // `rows` failed the span [a, b] at `depth`: its first half, then, for the rows that did
@@ -211,12 +294,13 @@ private:
   const StepEnds& _step;
   at::Tensor _points;
   std::int64_t _m;
-  TensorMap _x, _f0, _f1, _held; // per cut point: the state where it is, the forces' ends
+  TensorMap _x, _f0, _f1, _g0, _held; // per cut point: the state where it is, the forces' ends
+  std::map<std::string, std::vector<at::Tensor>> _older; // x~2, ... where each point is
   std::map<std::string, bool> _guess;
   TensorMap _out;                       // at the step's end (NaN until reached)
   VariablePairJacobian _J;              // the same for the derivatives
   std::map<std::string, TensorMap> _dx; // d(state)/d(step's inputs), (m, nx, nz)
-  at::Tensor _substeps, _failed;
+  at::Tensor _substeps, _failed, _reasons, _residuals;
 };
 
 } // namespace

@@ -7,11 +7,14 @@
 
 namespace neml2::detail {
 
-/// One evaluation: the results by name and which points converged (undefined: all).
+/// One evaluation: the results by name and which points converged (undefined: all), why
+/// the others failed and their last residual norms (StepResult's reasons and residuals).
 struct PointsEvaluation {
   TensorMap outputs;
   VariablePairJacobian derivatives;
-  at::Tensor converged;
+  at::Tensor converged, reasons, residuals;
+  /// Some converged point had a non-finite output (its results not yet NaN: fill_failed).
+  bool non_finite = false;
 };
 
 /// forward() (or jacobian(), with `derivatives`) of `inputs`; a per-row ConvergenceError
@@ -19,13 +22,22 @@ struct PointsEvaluation {
 [[nodiscard]] PointsEvaluation evaluate_points(const AnyDispatchedModel& model,
                                                const TensorMap& inputs, bool derivatives);
 
+/// The points of `e` (its outputs `(N, ...)`) that a per-row ConvergenceError (`error`, or
+/// none) names failed, and those with a non-finite output, which fail as non-finite.
+void flag_failures(PointsEvaluation& e, const ConvergenceError* error);
+
+/// NaN into the rows `failed` of `result`'s outputs and derivatives.
+void fill_failed(StepResult& result, const at::Tensor& failed);
+
 /// What the points of a step start from and go to.
 struct StepEnds {
   const AnyDispatchedModel& model;
   const StateRoles& roles;
   const StepOptions& options;
-  const TensorMap& start;  // the state's start(), (N, ...)
-  const TensorMap& forces; // the step's forces and given inputs, (N, ...)
+  const TensorMap& start;       // the state's start(), (N, ...)
+  const TensorMap& forces;      // the step's forces and given inputs, (N, ...)
+  const TensorMap& given_start; // given inputs as last accepted (those the state keeps)
+  const std::map<std::string, std::vector<at::Tensor>>& older; // x~2, ... by x
 };
 
 /// Retries `points` (int64 indices of points whose step failed) over spans of their step

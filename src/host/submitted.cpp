@@ -25,16 +25,20 @@ void detail::run_submitted(std::function<void()> task) {
 Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces,
                                                    const StepOptions& options) {
   refuse_while_submitted("submit");
+  // Checked and copied here: the host may reuse its buffers once submit() returns.
+  auto values = checked_forces(forces, options, true);
   auto ended = std::make_shared<std::promise<void>>();
   _submitted = ended->get_future().share();
+  _unwaited = std::make_shared<std::atomic<bool>>(true);
   return detail::submit_call<const StepResult&>(
-      [this, forces, options, ended]() -> const StepResult& {
+      [this, values = std::move(values), options, ended]() mutable -> const StepResult& {
         struct End {
           std::promise<void>& ended;
           ~End() { ended.set_value(); }
         } end{*ended};
-        return run_step(forces, options);
-      });
+        return run_step(std::move(values), options);
+      },
+      [unwaited = _unwaited] { unwaited->store(false, std::memory_order_release); });
 }
 
 Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces, const at::Tensor& t,
