@@ -172,8 +172,8 @@ TEST_CASE("every implicit model's history: the same bits as a hand-written loop,
   }
 }
 
-TEST_CASE("accept and reject: a rejected step leaves the start bit for bit; a step replaces "
-          "the trial; nothing to accept is an error") {
+TEST_CASE("accept and reject: a rejected step leaves the start bit for bit, a step replaces "
+          "the trial, nothing to accept is an error") {
   const test::Reference ref("j2_radial_return");
   const auto model = load("j2_radial_return");
   const auto points = ref["s0/in/E"].size(0);

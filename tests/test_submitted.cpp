@@ -55,7 +55,7 @@ TEST_CASE("a submitted call gives the blocking call's results, bit for bit, and 
   CHECK(submitted == blocking);
 }
 
-TEST_CASE("a submitted step: the blocking step's result; the state refuses other work until "
+TEST_CASE("a submitted step: the blocking step's result, and the state refuses other work until "
           "the wait") {
   const test::Reference ref("j2_radial_return");
   const auto model = load("j2_radial_return");
