@@ -800,7 +800,8 @@ TEST_CASE("an explicit model's point with a non-finite input fails as non-finite
     const auto& r = state.step(
         forces, {.derivatives = true,
                  .into = into ? HostLayout{.outputs = {{"a_rate", host}}} : HostLayout{}});
-    const auto bad = at::zeros({points}, at::kBool).index_fill_(0, at::tensor(std::vector<std::int64_t>{1, 3}), true);
+    const auto bad = at::zeros({points}, at::kBool)
+                         .index_fill_(0, at::tensor(std::vector<std::int64_t>{1, 3}), true);
     CHECK(r.failed == 2);
     CHECK(at::equal(r.converged, ~bad));
     CHECK(at::equal(r.reasons.index({bad}),
@@ -946,4 +947,78 @@ TEST_CASE("a state two steps deep cuts its points as one step deep does, to Newt
   CHECK(at::equal(r.converged, converged));
   test::check_close(r.outputs.at("x").index({converged}), c.ref["sub/out/x"].index({converged}),
                     "eager spans", 1e-8);
+}
+
+TEST_CASE("a step over a subset of points: forces and start gathered by its indices, results and "
+          "accept scattered by them, the other points untouched") {
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto s0 = ref.group("s0/in"), s1 = ref.group("s1/in");
+  const auto points = s0.at("E").size(0);
+  MaterialState whole(model, points), part(model, points);
+  for (auto* state : {&whole, &part}) {
+    state->step({{"E", s0.at("E")}}, s0.at("t"));
+    state->accept();
+  }
+  const auto idx = at::tensor(std::vector<std::int64_t>{7, 2, 11});
+  const auto pick = [&](const at::Tensor& t) { return t.index_select(0, idx); };
+  const auto before = whole.start();
+  const auto& rw = whole.step({{"E", s1.at("E")}}, s1.at("t"));
+  auto stress = at::full({3, 6}, 7.0, at::kDouble);
+  const auto& rp = part.step({{"E", pick(s1.at("E"))}}, pick(s1.at("t")),
+                             {.into = {.outputs = {{"stress", stress}}}, .points = idx});
+  CHECK(rp.outputs.at("stress").is_same(stress));
+  for (const auto& [y, value] : rw.outputs) {
+    CAPTURE(y);
+    test::check_close(rp.outputs.at(y), pick(value), "the whole step's rows", 1e-12);
+  }
+  CHECK(rp.converged.size(0) == 3);
+  part.accept();
+  const auto others = at::ones({points}, at::kBool).index_fill_(0, idx, false);
+  for (const auto& x : part.roles().state) {
+    CAPTURE(x);
+    CHECK(at::equal(pick(part.start().at(x)), rp.outputs.at(x)));
+    CHECK(at::equal(part.start().at(x).index({others}), before.at(x).index({others})));
+  }
+  CHECK(at::equal(pick(part.start().at("t")), pick(s1.at("t"))));
+  CHECK(at::equal(part.start().at("t").index({others}), before.at("t").index({others})));
+
+  // accept(points) names state points: one outside the step is refused.
+  const auto s2 = ref.group("s2/in");
+  REQUIRE(part.step({{"E", pick(s2.at("E"))}}, pick(s2.at("t")), {.points = idx}).failed == 0);
+  refused([&] { part.accept(at::tensor(std::vector<std::int64_t>{0})); },
+          "point 0 was not among this step's points");
+  part.accept(at::tensor(std::vector<std::int64_t>{11}));
+  CHECK_FALSE(part.pending());
+  // Bad points: refused before anything runs.
+  const auto bad = [&](const at::Tensor& p, const std::string& part_of_message) {
+    refused(
+        [&] {
+          part.step({{"E", s1.at("E").narrow(0, 0, p.numel())}}, s1.at("t").narrow(0, 0, p.numel()),
+                    {.points = p});
+        },
+        part_of_message);
+  };
+  bad(at::tensor(std::vector<std::int64_t>{1, 1}), "name a point twice");
+  bad(at::tensor(std::vector<std::int64_t>{1, points}), "run from 1 to 20");
+  bad(at::tensor(std::vector<std::int32_t>{1}), "pass 1-d int64 indices");
+}
+
+TEST_CASE("a step over a subset of points cuts them as the whole step does") {
+  const ScalarCase c;
+  const auto model = load("scalar_backward_euler");
+  auto whole = scalar_state(model, c);
+  auto part = scalar_state(model, c);
+  const auto& rw = whole.step({{"a", c.in.at("a")}}, c.in.at("t"), {.max_cuts = 3});
+  const auto idx = at::flip((rw.substeps != 1).nonzero().squeeze(1), {0}); // cut or failed
+  REQUIRE(idx.numel() > 1);
+  const auto& rp = part.step({{"a", c.in.at("a").index_select(0, idx)}},
+                             c.in.at("t").index_select(0, idx), {.max_cuts = 3, .points = idx});
+  CHECK(at::equal(rp.substeps, rw.substeps.index_select(0, idx)));
+  CHECK(at::equal(rp.converged, rw.converged.index_select(0, idx)));
+  CHECK(at::equal(rp.reasons, rw.reasons.index_select(0, idx)));
+  const auto ok = rp.converged;
+  REQUIRE(ok.any().item<bool>());
+  test::check_close(rp.outputs.at("x").index({ok}),
+                    rw.outputs.at("x").index_select(0, idx).index({ok}), "whole step", 1e-12);
 }

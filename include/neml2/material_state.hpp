@@ -85,12 +85,19 @@ struct StepOptions {
   /// keeps the start before from the first step that asks on (that step starts from the
   /// start). A model with no input `x` for Newton's guess cannot use it: refused.
   bool extrapolate = false;
+  /// Optional int64 `(K,)`, distinct: a step over these points only, in this order. The
+  /// forces are theirs, `(K, ...)` (or broadcast); their start is gathered by the same
+  /// indices, the results are `(K, ...)` (the host layout's rows too, which then takes no
+  /// points of its own), and accept() moves the converged ones; the other points keep
+  /// their start.
+  at::Tensor points;
 };
 
 /// What a step found. The state never writes its tensors again (an accepted trial becomes
 /// the start as it is): a handle keeps its values. Read them; do not write them.
 struct StepResult {
-  /// Every output at the trial end of the step, `(N, ...)`; NaN for the points that failed.
+  /// Every output at the trial end of the step, `(N, ...)` (`(K, ...)` over
+  /// StepOptions::points); NaN for the points that failed.
   TensorMap outputs;
   /// With StepOptions::derivatives: `J[out][in]` per point, `(N, *out_base, *in_base)`
   /// (NaN for the points that failed).
@@ -191,9 +198,12 @@ private:
   [[nodiscard]] at::Tensor selected_points(const at::Tensor& points) const;
   [[nodiscard]] TensorMap with_time(const TensorMap& forces, const at::Tensor& t) const;
   const StepResult& run_step(TensorMap values, const StepOptions& options);
-  // The start as it is (at `index`, all when undefined) as the start before the next: the
-  // older values x~k, given inputs for cuts, StepOptions::extrapolate's start before.
-  void keep_before(const at::Tensor& index);
+  // The start as it is (at `points`, the trial's `rows`; all when undefined) as the start
+  // before the next: the older values x~k, given inputs for cuts, extrapolate's start before.
+  void keep_before(const at::Tensor& points, const at::Tensor& rows);
+  void accept_rows(const at::Tensor& points, const at::Tensor& rows);
+  [[nodiscard]] std::int64_t step_rows(const StepOptions& options) const;
+  void check_step_points(const StepOptions& options) const;
   void refuse_while_submitted(const char* what) const;
   void check_layout(const HostLayout& into, const StepOptions& options) const;
   [[nodiscard]] detail::PointsEvaluation evaluate_into(const TensorMap& inputs,
@@ -212,6 +222,7 @@ private:
   bool _extrapolating = false; // a step asked for StepOptions::extrapolate
   bool _cutting = false;       // a step asked for max_cuts > 0
   StepResult _result;          // the pending step's
+  at::Tensor _subset;          // its StepOptions::points (undefined: every point)
   bool _pending = false;
   std::shared_future<void> _submitted;          // ready once the last submitted step has ended
   std::shared_ptr<std::atomic<bool>> _unwaited; // true until the submitted step's wait()

@@ -33,7 +33,7 @@ void MaterialState::check_layout(const HostLayout& into, const StepOptions& opti
   if (!into.derivatives.empty() && !options.derivatives)
     throw FatalError("MaterialState::step(): the host layout takes derivatives, but the step "
                      "computes none; step with derivatives = true");
-  std::int64_t rows = _points;
+  std::int64_t rows = step_rows(options);
   if (into.points.defined()) {
     if (into.points.scalar_type() != at::kLong || into.points.dim() != 1)
       throw FatalError(fmt::format("MaterialState::step(): the host layout's points have dtype "
@@ -102,7 +102,7 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
     const auto it = into.outputs.find(y);
     e.outputs.emplace(y, it != into.outputs.end()
                              ? it->second
-                             : at::empty(with_rows(_points, {&shape}), _options));
+                             : at::empty(with_rows(step_rows(options), {&shape}), _options));
   }
   // A batch-independent block lands in one (out, in) tensor, then spreads over the host's rows.
   std::vector<std::pair<at::Tensor, at::Tensor>> spread;
@@ -121,7 +121,7 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
         e.derivatives[y][z] = one;
       } else
         e.derivatives[y][z] =
-            host.defined() ? host : at::empty(with_rows(_points, {&shape}), _options);
+            host.defined() ? host : at::empty(with_rows(step_rows(options), {&shape}), _options);
     }
   try {
     options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives)
@@ -137,7 +137,7 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
     for (auto& [y, blocks] : e.derivatives)
       for (auto& [z, block] : blocks)
         if (block.is_same(one))
-          block = host.defined() ? host : one.expand(with_rows(_points, {&one_shape}));
+          block = host.defined() ? host : one.expand(with_rows(step_rows(options), {&one_shape}));
     if (host.defined())
       host.copy_(one.expand_as(host));
   }

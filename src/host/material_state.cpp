@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <set>
 
 #include <ATen/ATen.h>
@@ -237,6 +238,8 @@ TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptio
     throw FatalError(fmt::format("MaterialState::step(): max_cuts = {}; give 0 (no retry) to 30 "
                                  "(spans of 2^-30 of the step)",
                                  options.max_cuts));
+  if (options.points.defined())
+    check_step_points(options);
   TensorMap checked;
   for (const auto& [name, value] : forces)
     if (!contains(_roles.forces, name) && !contains(_roles.given, name))
@@ -250,8 +253,8 @@ TensorMap MaterialState::checked_forces(const TensorMap& forces, const StepOptio
         throw FatalError(fmt::format("MaterialState::step(): no value for '{}'; give every force "
                                      "{} and given input {}",
                                      n, _roles.forces, _roles.given));
-      checked.emplace(
-          n, as_points(it->second, _points, _shapes.at(n), _options, "MaterialState::step():", n));
+      checked.emplace(n, as_points(it->second, step_rows(options), _shapes.at(n), _options,
+                                   "MaterialState::step():", n));
     }
   if (options.derivatives && !_has_jacobian)
     throw FatalError("MaterialState::step(): derivatives asked, but the artifact has no "
@@ -292,6 +295,30 @@ TensorMap MaterialState::with_time(const TensorMap& forces, const at::Tensor& t)
   auto with = forces;
   with.emplace("t", t);
   return with;
+}
+
+std::int64_t MaterialState::step_rows(const StepOptions& options) const {
+  return options.points.defined() ? options.points.size(0) : _points;
+}
+
+void MaterialState::check_step_points(const StepOptions& options) const {
+  const auto& p = options.points;
+  if (p.scalar_type() != at::kLong || p.dim() != 1 || p.size(0) == 0)
+    throw FatalError(fmt::format("MaterialState::step(): the step's points have dtype {} and "
+                                 "shape {}; pass 1-d int64 indices, at least one",
+                                 c10::toString(p.scalar_type()), p.sizes()));
+  const auto low = p.min().item<std::int64_t>(), high = p.max().item<std::int64_t>();
+  if (low < 0 || high >= _points)
+    throw FatalError(fmt::format("MaterialState::step(): the step's points run from {} to {}; "
+                                 "this state has points 0 to {}",
+                                 low, high, _points - 1));
+  if (std::get<0>(at::_unique(p)).numel() != p.numel())
+    throw FatalError("MaterialState::step(): the step's points name a point twice; give each "
+                     "point once");
+  if (options.into.points.defined())
+    throw FatalError("MaterialState::step(): points given twice, as StepOptions::points and as "
+                     "the host layout's; give StepOptions::points alone (the layout's rows are "
+                     "then the step's points, in that order)");
 }
 
 MaterialState::~MaterialState() {
@@ -335,8 +362,26 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
       !into.points.defined() && (!into.outputs.empty() || !into.derivatives.empty());
   _extrapolating = _extrapolating || options.extrapolate;
   _cutting = _cutting || options.max_cuts > 0;
-  const auto inputs = step_inputs(*_model, _roles, _start, values,
-                                  options.extrapolate ? _before : TensorMap{}, _older);
+  // The rows the step runs: every point, or StepOptions::points with their start gathered.
+  const auto rows = step_rows(options);
+  const auto subset =
+      options.points.defined() ? options.points.to(_options.device()) : at::Tensor();
+  const auto gather = [&](const TensorMap& all) {
+    TensorMap some;
+    for (const auto& [n, value] : all)
+      some.emplace(n, value.index_select(0, subset));
+    return some;
+  };
+  const auto start = subset.defined() ? gather(_start) : _start;
+  const auto before = subset.defined() ? gather(_before) : _before;
+  const auto given_start = subset.defined() ? gather(_given_start) : _given_start;
+  auto older = _older;
+  if (subset.defined())
+    for (auto& [n, values] : older)
+      for (auto& v : values)
+        v = v.index_select(0, subset);
+  const auto inputs = step_inputs(*_model, _roles, start, values,
+                                  options.extrapolate ? before : TensorMap{}, older);
   // The checks passed: the trial before goes now, so that its results and this step's are
   // never held at once (a failure below leaves no trial).
   _pending = false;
@@ -351,11 +396,16 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
     r.reasons = e.reasons.to(_options.device());
     r.residuals = e.residuals.to(_options.device());
     failed = (~r.converged).nonzero().squeeze(1);
-  } else { // shared, read-only
+  } else if (!subset.defined()) { // shared, read-only
     r.converged = _all_converged;
     r.substeps = _one_substep;
     r.reasons = _no_failures;
     r.residuals = _no_residuals;
+  } else {
+    r.converged = _all_converged.narrow(0, 0, rows);
+    r.substeps = _one_substep.narrow(0, 0, rows);
+    r.reasons = _no_failures.narrow(0, 0, rows);
+    r.residuals = _no_residuals.narrow(0, 0, rows);
   }
   const bool some_failed = failed.defined() && failed.numel() > 0;
   const bool cut = some_failed && options.max_cuts > 0;
@@ -369,13 +419,13 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
       if (block.dim() == r.outputs.at(y).dim() + inputs.at(z).dim() - 2) {
         // batch-independent: one block for every point (its own rows when some failed)
         const auto base = block.sizes().vec();
-        const auto full = with_rows(_points, {&base});
+        const auto full = with_rows(rows, {&base});
         block = some_failed ? block.expand(full).clone() : block.expand(full);
       }
   if (some_failed && e.non_finite) // an explicit model's point: NaN, as a failed Newton's
     detail::fill_failed(r, failed);
   if (cut)
-    detail::cut_points({*_model, _roles, options, _start, values, _given_start, _older}, failed, r);
+    detail::cut_points({*_model, _roles, options, start, values, given_start, older}, failed, r);
   if (failed.defined()) {
     r.failed = (~r.converged).sum().item<std::int64_t>();
     r.cut = (r.substeps > 1).sum().item<std::int64_t>();
@@ -392,6 +442,7 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
   // Nothing above changed the state.
   _forces = std::move(values);
   _result = std::move(r);
+  _subset = subset;
   _host_owned.clear();
   if (direct)
     for (const auto& [y, t] : into.outputs)
@@ -425,28 +476,40 @@ at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
   return index;
 }
 
-void MaterialState::keep_before(const at::Tensor& index) {
-  // `kept[n]` becomes `now` at the accepted points (all: undefined `index`).
-  const auto keep = [&](TensorMap& kept, const std::string& n, const at::Tensor& now) {
-    auto& k = kept.try_emplace(n, now).first->second;
-    k = index.defined() ? k.index_copy(0, index, now.index_select(0, index)) : now;
-  };
+void MaterialState::keep_before(const at::Tensor& points, const at::Tensor& rows) {
   // x~k (k > 1) take the older starts one place back, x~2 the start as it is.
   for (auto& [n, values] : _older)
     for (auto j = values.size(); j-- > 0;) {
       const auto& newer = j == 0 ? _start.at(n) : values[j - 1];
       values[j] =
-          index.defined() ? values[j].index_copy(0, index, newer.index_select(0, index)) : newer;
+          points.defined() ? values[j].index_copy(0, points, newer.index_select(0, points)) : newer;
     }
-  if (_cutting) // a cut interpolates given inputs from their last accepted value
-    for (const auto& g : _roles.given)
-      keep(_given_start, g, _forces.at(g));
+  // A cut interpolates given inputs from their last accepted value (NaN: none yet).
+  if (_cutting)
+    for (const auto& g : _roles.given) {
+      const auto& now = _forces.at(g);
+      if (!points.defined()) {
+        _given_start.insert_or_assign(g, now);
+        continue;
+      }
+      auto kept = _given_start.count(g)
+                      ? _given_start.at(g)
+                      : at::full(with_rows(_points, {&_shapes.at(g)}),
+                                 std::numeric_limits<double>::quiet_NaN(), _options);
+      _given_start.insert_or_assign(g, kept.index_copy(0, points, now.index_select(0, rows)));
+    }
   if (!_extrapolating) // kept only for a host that extrapolates: it holds a state's worth
     return;
-  for (const auto& x : _roles.state)
-    keep(_before, x, _start.at(x));
-  if (_start.count("t"))
-    keep(_before, "t", _start.at("t"));
+  for (auto n : _roles.state) {
+    const auto& now = _start.at(n);
+    auto& kept = _before.try_emplace(n, now).first->second;
+    kept = points.defined() ? kept.index_copy(0, points, now.index_select(0, points)) : now;
+  }
+  if (_start.count("t")) {
+    const auto& now = _start.at("t");
+    auto& kept = _before.try_emplace("t", now).first->second;
+    kept = points.defined() ? kept.index_copy(0, points, now.index_select(0, points)) : now;
+  }
 }
 
 void MaterialState::accept() {
@@ -454,9 +517,11 @@ void MaterialState::accept() {
   if (!_pending)
     throw FatalError("MaterialState::accept(): no step is pending; call step() first (a step is "
                      "accepted or rejected once)");
-  if (_result.failed > 0)
-    return accept(_result.converged);
-  keep_before({});
+  if (_result.failed > 0 || _subset.defined()) {
+    const auto rows = _result.converged.nonzero().squeeze(1);
+    return accept_rows(_subset.defined() ? _subset.index_select(0, rows) : rows, rows);
+  }
+  keep_before({}, {});
   // The trial becomes the start: no copy, unless it lives in the host's storage. Tensors
   // once handed out (start(), a result) are never written again.
   for (const auto& x : _roles.state)
@@ -472,18 +537,33 @@ void MaterialState::accept(const at::Tensor& points) {
     throw FatalError("MaterialState::accept(): no step is pending; call step() first (a step is "
                      "accepted or rejected once)");
   const auto index = selected_points(points);
-  const auto unconverged = (~_result.converged.index_select(0, index)).nonzero();
+  auto rows = index; // the trial's rows of those points
+  if (_subset.defined()) {
+    auto row_of = at::full({_points}, -1, index.options());
+    row_of.index_copy_(0, _subset, at::arange(_subset.size(0), index.options()));
+    rows = row_of.index_select(0, index);
+    if (const auto outside = (rows < 0).nonzero(); outside.numel() > 0)
+      throw FatalError(
+          fmt::format("MaterialState::accept(): point {} was not among this step's points "
+                      "(StepOptions::points); accept only points the step evaluated",
+                      index[outside[0][0].item<std::int64_t>()].item<std::int64_t>()));
+  }
+  const auto unconverged = (~_result.converged.index_select(0, rows)).nonzero();
   if (unconverged.numel() > 0)
     throw FatalError(fmt::format(
         "MaterialState::accept(): point {} did not converge in this step (its trial is NaN); "
         "accept only points whose StepResult::converged is true",
         index[unconverged[0][0].item<std::int64_t>()].item<std::int64_t>()));
-  keep_before(index);
+  accept_rows(index, rows);
+}
+
+void MaterialState::accept_rows(const at::Tensor& points, const at::Tensor& rows) {
+  keep_before(points, rows);
   // New tensors, not writes into ones a host may hold (start() or an earlier result).
   for (const auto& x : _roles.state)
-    _start.at(x) = _start.at(x).index_copy(0, index, _result.outputs.at(x).index_select(0, index));
+    _start.at(x) = _start.at(x).index_copy(0, points, _result.outputs.at(x).index_select(0, rows));
   for (const auto& f : _roles.forces)
-    _start.at(f) = _start.at(f).index_copy(0, index, _forces.at(f).index_select(0, index));
+    _start.at(f) = _start.at(f).index_copy(0, points, _forces.at(f).index_select(0, rows));
   _pending = false;
 }
 

@@ -115,7 +115,9 @@ public:
     }
     for (const auto& g : r.given)
       if (step.given_start.count(g)) { // interpolated from its last accepted value
-        _g0.emplace(g, step.given_start.at(g).index_select(0, points));
+        const auto end = step.forces.at(g).index_select(0, points);
+        const auto start = step.given_start.at(g).index_select(0, points);
+        _g0.emplace(g, at::where(at::isnan(start), end, start)); // NaN: none accepted yet
         _f1.emplace(g, step.forces.at(g).index_select(0, points));
       } else
         _held.emplace(g, step.forces.at(g).index_select(0, points));
