@@ -16,7 +16,9 @@ cmake --preset "$preset" >/dev/null
 # With ctest arguments, build only the programs the selected tests run, found by the
 # suite's naming: test NAME runs test_NAME, example_NAME runs NAME, each with trailing
 # _WORDs dropped until a target matches (mpi_rank_assign_2: test_mpi_rank_assign;
-# example_mpi_batch_perzyna: mpi_batch); cli_NAME runs the neml2-dispatch program. Other
+# example_mpi_batch_perzyna: mpi_batch); TOPIC:CASE (a suite run a case a process) and
+# test_TOPIC_NOT_BUILT-... (its placeholder before the build) run test_TOPIC;
+# cli_NAME runs the neml2-dispatch program. Other
 # tests whose command is cmake, sh or python match none and build nothing. Without
 # arguments, build everything.
 build_only=all
@@ -27,6 +29,8 @@ if (($#)); then
     case "$name" in
     cli_*) targets+=(neml2_dispatch_program) && continue ;; # the program's tests
     example_*) prefix="" base="${name#example_}" ;;
+    *_NOT_BUILT-*) prefix="" base="${name%_NOT_BUILT-*}" ;; # doctest's, before discovery
+    *:*) prefix="test_" base="${name%%:*}" ;;                 # one case of a topic
     *) prefix="test_" base="${name%_checked_inputs}" ;;
     esac
     while ! grep -qx "$prefix$base" <<<"$known" && [[ "$base" == *_* ]]; do base="${base%_*}"; done
