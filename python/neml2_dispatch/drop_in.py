@@ -216,15 +216,40 @@ def _policy_from_hit(node, device) -> Any:
 class dispatch_aoti_models:  # noqa: N801  (used as a function)
     """Makes every ``type = AOTIModel`` block NEML2's factory loads from now on a
     :class:`DispatchedAOTIModel` under `policy` (None: ``SyncChunking`` on the load's
-    device). As a context manager, only inside the ``with`` block."""
+    device). As a context manager, only inside the ``with`` block: each ``with`` of the
+    object switches on entry and puts back on exit what was in force at its entry, so one
+    object kept in a variable switches at every ``with``, and nested ``with`` blocks (of it
+    or of others) unwind in order. The call's own switch is taken over by the object's
+    first ``with`` that finds it still in force, which puts back what the call found:
+    ``with dispatch_aoti_models(policy):`` switches for the block only."""
 
     def __init__(self, policy: Any = None) -> None:
-        self._before = (_factory._registry.get("AOTIModel"), _default_policy[0])
-        _factory._registry["AOTIModel"] = DispatchedAOTIModel
-        _default_policy[0] = policy
+        self._policy = policy
+        self._by_call: tuple[Any, Any] | None = _switch(policy)  # what the call found
+        self._entered: list[tuple[Any, Any]] = []
 
     def __enter__(self) -> "dispatch_aoti_models":
+        kind, policy = _in_force()
+        if self._by_call is not None and kind is DispatchedAOTIModel and policy is self._policy:
+            self._entered.append(self._by_call)  # the call's switch, now this block's
+            self._by_call = None
+        else:
+            self._entered.append(_switch(self._policy))
         return self
 
     def __exit__(self, *exc) -> None:
-        _factory._registry["AOTIModel"], _default_policy[0] = self._before
+        _factory._registry["AOTIModel"], _default_policy[0] = self._entered.pop()
+
+
+def _in_force() -> tuple[Any, Any]:
+    """The type NEML2's factory loads for ``AOTIModel`` and the switched policy."""
+    return _factory._registry.get("AOTIModel"), _default_policy[0]
+
+
+def _switch(policy: Any) -> tuple[Any, Any]:
+    """Switches AOTIModel blocks to DispatchedAOTIModel under `policy`; returns what was in
+    force before."""
+    before = _in_force()
+    _factory._registry["AOTIModel"] = DispatchedAOTIModel
+    _default_policy[0] = policy
+    return before

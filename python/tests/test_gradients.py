@@ -321,3 +321,279 @@ def test_the_operators_blocks_are_the_librarys(case):
     leaves = {n: t.clone().requires_grad_() for n, t in inputs.items()}
     sum(v.sum() for v in model.forward(leaves).values()).backward()
     assert all(t.grad is not None for t in leaves.values())
+
+
+@pytest.mark.parametrize("case", [("elasticity", "elasticity"),
+                                  ("elasticity_params", "elasticity")])
+def test_derivative_shapes_do_not_depend_on_grad_mode(case):
+    """jacobian(), param_jacobian() and jvp() give the same shapes (and numbers, eager
+    NEML2's) whether the call goes through its operator (an input requires grad) or not:
+    a block that is the same for every row (linear elasticity's) has the batch axis too."""
+    model = nd.load_model(stub(*case))
+    ref = eager("elasticity.i", "elasticity")
+    names = {n: eager_name(ref, n, "elasticity") for n in model.named_parameters()}
+    for x in (strains(20), strains(1)[0]):  # batched, and unbatched
+        batch = tuple(x.shape[:-1])
+        _, eager_J = ref.jacobian({"strain": x})
+        _, eager_d = ref.jvp({"strain": x}, {"strain": torch.ones_like(x)})
+        for leaf in (x, x.clone().requires_grad_()):
+            mode = "operator" if leaf.requires_grad else "direct"
+            _, J = model.jacobian({"strain": leaf})
+            block = J["stress"]["strain"]
+            assert block.shape == (*batch, 6, 6), (mode, block.shape)
+            check_close(block, raw(eager_J["stress"]["strain"]).expand(*batch, 6, 6),
+                        f"{mode} J vs eager")
+            _, d = model.jvp({"strain": leaf}, {"strain": torch.ones_like(x)})
+            check_close(d["stress"], eager_d["stress"], f"{mode} jvp vs eager")
+            if names:
+                _, P = model.param_jacobian({"strain": leaf})
+                _, eager_P = ref.param_jacobian({"strain": x}, list(names.values()))
+                for name, theirs in names.items():
+                    check_close(P["stress"][name], raw(eager_P["stress"][theirs]),
+                                f"{mode} P[{name}] vs eager")
+
+
+def test_a_backward_uses_its_forwards_parameters():
+    """set_parameter between a forward and its backward: the gradients are those of the
+    parameter values the forward ran with (eager NEML2 with them), and the model keeps
+    the new value."""
+    model = nd.load_model(stub("elasticity_params", "elasticity"), "elasticity",
+                          nd.SyncChunking(batch_size=3))
+    E = model.named_parameters()["elasticity.E"].requires_grad_()
+    weights = torch.randn(7, 6, generator=torch.Generator().manual_seed(8))
+    x = strains(7).requires_grad_()
+    before = model.forward({"strain": x})["stress"]
+    loss = (before * weights).sum()
+    model.set_parameter("elasticity.E", 3 * E.detach())  # a new tensor, three times E
+    loss.backward()
+    ref = eager("elasticity.i", "elasticity")
+    theirs = strains(7).requires_grad_()
+    (raw(ref.call_by_name({"strain": theirs})["stress"]) * weights).sum().backward()
+    check_close(x.grad, theirs.grad, "d loss / d strain vs eager with the forward's E")
+    named = dict(ref.named_parameters())
+    check_close(E.grad, named[eager_name(ref, "elasticity.E", "elasticity")].grad,
+                "d loss / d E vs eager with the forward's E")
+    # The model's own value is the new one, for calls with and without a graph.
+    assert model.named_parameters()["elasticity.E"].item() == pytest.approx(3 * E.item())
+    scale = model.named_parameters()["elasticity.E"] / E.detach()
+    for given in (x.detach(), x):
+        check_close(model.forward({"strain": given})["stress"], scale * before.detach(),
+                    "forward after set_parameter")
+
+
+def test_a_call_with_other_parameter_values_fails_cleanly():
+    """A backward that runs with its forward's values runs alone: the model called from its
+    own observer meanwhile is refused (it would wait for ever), a value the library refuses
+    fails the call; either way the model's own values are back and it runs."""
+    model = nd.load_model(stub("elasticity_params", "elasticity"))
+    E, nu = (model.named_parameters()[n] for n in ("elasticity.E", "elasticity.nu"))
+    x = strains(4).requires_grad_()
+    before = model.forward({"strain": x})["stress"]
+    model.set_parameter("elasticity.E", 2 * E)
+    doubled = model.named_parameters()["elasticity.E"]
+    model.set_observer(lambda event: model.forward({"strain": strains(1)}))
+    with pytest.raises(nd.FatalError, match="runs alone"):
+        before.sum().backward(retain_graph=True)
+    model.set_observer(None)
+    with pytest.raises(nd.FatalError, match="elasticity.E"):
+        torch.ops.neml2_dispatch.forward(model._op.handle, [x.detach()], [torch.ones(3, 2), nu])
+    assert model.named_parameters()["elasticity.E"] is doubled
+    check_close(model.forward({"strain": x.detach()})["stress"], 2 * before.detach(),
+                "forward with the model's own value after the failures")
+    before.sum().backward()
+    expected = strains(4).requires_grad_()
+    nd.load_model(stub("elasticity_params", "elasticity")).forward(
+        {"strain": expected})["stress"].sum().backward()
+    check_close(x.grad, expected.grad, "the backward, once nothing disturbs it")
+
+
+def test_a_graph_keeps_its_model_alive():
+    """A model loaded inside the function that made the outputs: its last reference gone
+    and collected, backward still finds it (the graph holds it)."""
+    import gc
+    import weakref
+
+    def stress(x):
+        model = nd.load_model(stub("elasticity_params", "elasticity"))
+        stress.model = weakref.ref(model)
+        return model.forward({"strain": x})["stress"]
+
+    x = strains(5).requires_grad_()
+    y = stress(x)
+    gc.collect()
+    assert stress.model() is not None, "the graph does not hold its model"
+    y.sum().backward()
+    ref = eager("elasticity.i", "elasticity")
+    theirs = strains(5).requires_grad_()
+    raw(ref.call_by_name({"strain": theirs})["stress"]).sum().backward()
+    check_close(x.grad, theirs.grad, "backward after the model's last reference went")
+    del y
+    gc.collect()
+    assert stress.model() is None, "the model outlived the graph"
+
+
+EXPORT = """
+import sys, torch, neml2_dispatch as nd
+torch.set_default_dtype(torch.float64)
+model = nd.load_model(sys.argv[1])
+x = 1e-3 * torch.arange(24.0).reshape(4, 6)
+if sys.argv[2] == "save":
+    class Host(torch.nn.Module):
+        def forward(self, x):
+            return model.forward({"strain": x})["stress"]
+    torch.export.save(torch.export.export(Host(), (x,), strict=False), sys.argv[3])
+else:  # this process's model has twice the Young's modulus
+    model.set_parameter("elasticity.E", 2 * model.named_parameters()["elasticity.E"])
+    try:
+        print("ran", torch.export.load(sys.argv[3]).module()(x).sum().item())
+    except nd.FatalError as e:
+        print("refused:", e)
+"""
+
+
+def test_an_exported_program_never_calls_another_processs_model(tmp_path):
+    """A program exported in one process and loaded in another, where a different model
+    was loaded: it refuses (a FatalError that says what to do), never runs that model."""
+    import subprocess
+    import sys
+
+    program, path = str(tmp_path / "program.pt2"), str(stub("elasticity_params", "elasticity"))
+
+    def run(*args):
+        done = subprocess.run([sys.executable, "-c", EXPORT, path, *args], capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    run("save", program)
+    said = run("load", program)
+    assert said.startswith("refused:"), said
+    assert "trace or export the function again" in said and "this process" in said
+    # In this process, a reload is another model too: the handle of the collected one
+    # names nothing.
+    model = nd.load_model(path)
+    handle = model._op.handle
+    del model
+    import gc
+
+    gc.collect()
+    with pytest.raises(nd.FatalError, match="no longer exists"):
+        torch.ops.neml2_dispatch.forward(handle, [strains(2)], [torch.tensor(1.0)] * 2)
+    assert nd.load_model(path)._op.handle != handle
+
+
+def slip_inputs(model, rows):
+    """slip_systems: 12 systems' hardening (B, 12) beside plain scalars (B,)."""
+    inputs = {name: torch.zeros(rows, *shape) for name, shape in
+              zip(model.input_names, model.input_sub_batch_shapes)}
+    inputs["f"] = torch.linspace(1.5, 2.5, rows)
+    inputs["t"] = torch.ones(rows)
+    return inputs
+
+
+def test_mixed_sub_batch_shapes_trace_and_compile():
+    """Inputs of different sub-batch shapes ((B, 12) beside (B,)): the fake implementation
+    gives the library's shapes (opcheck), torch.compile(fullgraph=True) traces and runs it,
+    batched and unbatched, as the direct call; a backward is the library's refusal (the
+    artifact has no derivative graphs), not a shape error."""
+    model = nd.load_model(stub("slip_systems", "model"))
+    assert model.input_sub_batch_shapes[model.input_names.index("hardening")] == [12]
+    assert model.output_shapes[model.output_names.index("system_strength")] == [12]
+    op = model._op
+    for rows in (5, None):
+        inputs = slip_inputs(model, rows or 1)
+        if rows is None:
+            inputs = {n: t[0] for n, t in inputs.items()}
+        torch.library.opcheck(torch.ops.neml2_dispatch.forward.default,
+                              (op.handle, [inputs[n] for n in op.inputs], []))
+
+    def work(inputs):
+        out = model.forward(inputs)
+        return out["system_strength"].sum(-1) + out["work"], out["mean_hardening"]
+
+    compiled = torch.compile(work, fullgraph=True)
+    for rows in (5, 9):
+        inputs = slip_inputs(model, rows)
+        for ours, theirs in zip(compiled(inputs), work(inputs)):
+            check_close(ours, theirs, f"compiled mixed sub-batch, {rows} rows", rtol=1e-12)
+    leaves = {n: t.clone().requires_grad_() for n, t in slip_inputs(model, 3).items()}
+    with pytest.raises(nd.FatalError, match="no derivative of a sub-batched implicit variable"):
+        sum(v.sum() for v in model.forward(leaves).values()).backward()
+    for case in (("grains", "model"), ("binned_precipitation", "model")):
+        other = nd.load_model(stub(*case))
+        inputs = {name: torch.full((4, *sub), 0.5) for name, sub in
+                  zip(other.input_names, other.input_sub_batch_shapes)}
+        inputs["t"], inputs["t~1"] = torch.full((4,), 1e-3), torch.zeros(4)
+        torch.library.opcheck(torch.ops.neml2_dispatch.forward.default,
+                              (other._op.handle, [inputs[n] for n in other._op.inputs], []))
+
+
+def test_batch_axes_of_parameters_and_tangents():
+    """A call's batch axis may come from a batched parameter or a batched tangent alone
+    (the input unbatched): the fake implementation says so (opcheck), torch.compile runs
+    it, and the gradient of the unbatched input sums over the rows (against finite
+    differences and the Jacobian)."""
+    model = nd.load_model(stub("elasticity_params", "elasticity"))
+    model.set_parameter("elasticity.E", torch.linspace(50.0, 150.0, 8))
+    op = model._op
+    x = strains(1)[0]
+    params = list(op.params.values())
+    torch.library.opcheck(torch.ops.neml2_dispatch.forward.default, (op.handle, [x], params))
+    torch.library.opcheck(torch.ops.neml2_dispatch.jacobian.default, (op.handle, [x], params))
+    torch.library.opcheck(torch.ops.neml2_dispatch.jvp.default,
+                          (op.handle, [x], [0], [torch.ones(8, 6)], params))
+    compiled = torch.compile(lambda x: model.forward({"strain": x})["stress"], fullgraph=True)
+    check_close(compiled(x), model.forward({"strain": x})["stress"], "compiled, batched E")
+    leaf = x.clone().requires_grad_()
+    out = model.forward({"strain": leaf})["stress"]
+    assert out.shape == (8, 6)
+    weights = torch.randn(8, 6, generator=torch.Generator().manual_seed(9))
+    (out * weights).sum().backward()
+    _, J = model.jacobian({"strain": x})
+    check_close(leaf.grad, torch.einsum("bi,bij->j", weights, J["stress"]["strain"]),
+                "d loss / d unbatched strain vs J^T w summed over rows")
+    assert torch.autograd.gradcheck(lambda x: model.forward({"strain": x})["stress"],
+                                    (x.clone().requires_grad_(),))
+    # The jvp's batch from its tangent: outputs (8, 6), differentiable as forward's.
+    leaf = x.clone().requires_grad_()
+    model.set_parameter("elasticity.E", torch.tensor(100.0))
+    out, d = model.jvp({"strain": leaf}, {"strain": torch.ones(8, 6)})
+    assert out["stress"].shape == d["stress"].shape == (8, 6)
+    out["stress"].sum().backward()
+    expected = x.clone().requires_grad_()
+    model.forward({"strain": expected})["stress"].sum().mul(8).backward()
+    check_close(leaf.grad, expected.grad, "through jvp's outputs, batched by the tangent")
+
+
+def test_backward_contracts_each_sub_batch_entry():
+    """J^T g where outputs and inputs have different sub-batch shapes, which no artifact
+    neml2-compile 3.1 writes has derivative graphs for (so it is checked on the contraction
+    itself, against einsum): a sub-batched input a (8 entries) and a plain input b (6
+    values), a sub-batched output y (6 values an entry) and a plain output z. Blocks:
+    y/a entry by entry, y/b the same for every entry, z/a and z/b gathering the entries."""
+    from neml2_dispatch import _ops
+
+    op = _ops.OpInfo(handle="h", inputs=("a", "b"), outputs=("y", "z"),
+                     input_shapes=((8,), (6,)), input_bases=((), (6,)),
+                     output_shapes=((8, 6), ()), output_bases=((6,), ()), parameter_shapes=(),
+                     block_shapes={(0, 0): (8, 6), (0, 1): (6, 6), (1, 0): (8,), (1, 1): (6,)})
+    gen = torch.Generator().manual_seed(10)
+    rows = 5
+    g_y, g_z = torch.randn(rows, 8, 6, generator=gen), torch.randn(rows, generator=gen)
+    blocks = {pair: torch.randn(rows, *shape, generator=gen)
+              for pair, shape in op.block_shapes.items()}
+    expected = {
+        (0, 0): torch.einsum("rsk,rsk->rs", g_y, blocks[(0, 0)]),
+        (0, 1): torch.einsum("rsk,rkj->rj", g_y, blocks[(0, 1)]),
+        (1, 0): torch.einsum("r,rs->rs", g_z, blocks[(1, 0)]),
+        (1, 1): torch.einsum("r,rj->rj", g_z, blocks[(1, 1)]),
+    }
+    for (o, i), value in expected.items():
+        g = (g_y, g_z)[o]
+        check_close(_ops._transposed_product(op, o, i, g, blocks[(o, i)]), value,
+                    f"g^T J of {op.outputs[o]}/{op.inputs[i]}", rtol=1e-14)
+        # A block given once for every row (unbatched) serves each row.
+        shared = blocks[(o, i)][0]
+        check_close(_ops._transposed_product(op, o, i, g, shared),
+                    _ops._transposed_product(op, o, i, g, shared.expand_as(blocks[(o, i)])),
+                    f"g^T J of an unbatched {op.outputs[o]}/{op.inputs[i]} block", rtol=0)

@@ -72,7 +72,10 @@ def every_call(model, inputs):
     out, d = ({n: torch.full_like(t, -7.0) for n, t in forward.items()} for _ in range(2))
     model.jvp_into(inputs, tangents, out, d)
     r.update({f"jvp_into d {n}": t for n, t in d.items()})
-    blocks = {o: {i: torch.full_like(t, -7.0) for i, t in row.items()} for o, row in J.items()}
+    # A block jacobian() gives as an expanded view (one for every row), jacobian_into takes
+    # once, unbatched.
+    blocks = {o: {i: torch.full_like(t[0] if t.dim() and t.stride(0) == 0 else t, -7.0)
+                  for i, t in row.items()} for o, row in J.items()}
     model.jacobian_into(inputs, {n: torch.full_like(t, -7.0) for n, t in forward.items()}, blocks)
     r.update({f"jacobian_into d {o}/{i}": t for o, row in blocks.items() for i, t in row.items()})
 

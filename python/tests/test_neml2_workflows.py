@@ -246,3 +246,39 @@ def _flatten(value, prefix=""):
     for key, item in items:
         out.update(_flatten(item, f"{prefix}/{key}"))
     return out
+
+
+def test_a_switch_kept_in_a_variable_switches_at_every_with(tmp_path):
+    """dispatch_aoti_models(policy) kept in a variable: each `with` loads the dispatched
+    type under its policy and puts NEML2's back on exit; nested blocks unwind in order."""
+    _, compiled = write_inputs(tmp_path, "elasticity")
+
+    def loaded():
+        return neml2.load_input(str(compiled)).get_model("elasticity")
+
+    assert type(loaded()) is neml2.aoti.AOTIModel
+    switch = nd.dispatch_aoti_models(nd.SyncChunking(batch_size=5))
+    for _ in range(3):
+        with switch:
+            model = loaded()
+            assert isinstance(model, nd.DispatchedAOTIModel)
+            assert model.model.policy.batch_size == 5
+        assert type(loaded()) is neml2.aoti.AOTIModel
+    other = nd.dispatch_aoti_models(nd.SyncChunking(batch_size=7))
+    try:
+        assert type(loaded()) is nd.DispatchedAOTIModel  # the call switches for good
+        with switch:
+            assert loaded().model.policy.batch_size == 5
+            with other:
+                assert loaded().model.policy.batch_size == 7
+                with switch:
+                    assert loaded().model.policy.batch_size == 5
+                assert loaded().model.policy.batch_size == 7
+            assert loaded().model.policy.batch_size == 5
+        assert loaded().model.policy.batch_size == 7  # what `other`'s call switched to
+        with other:  # finds its call's switch: takes it over, puts back what the call found
+            assert loaded().model.policy.batch_size == 7
+    finally:
+        nd.drop_in._factory._registry["AOTIModel"] = neml2.aoti.AOTIModel
+        nd.drop_in._default_policy[0] = None
+    assert type(loaded()) is neml2.aoti.AOTIModel
