@@ -124,6 +124,22 @@ TEST_CASE("each failed row says why: the iteration cap, a NaN input, a zero pivo
   }
 }
 
+TEST_CASE("a row converged where dR/du is singular fails as singular, with its converged norm") {
+  // r = 0 at the guess x = -0.5 (a = -0.25, x~1 = 0, dt = 1), where dr/dx = 0: converged at
+  // once, its derivatives not finite (docs/errors.md entry 88a).
+  const ScalarRow singular_root{-0.25, -0.5, 0.0, 1.0};
+  REQUIRE(singular_root.residual(singular_root.x) == 0);
+  REQUIRE(singular_root.slope(singular_root.x) == 0);
+  const auto s = session("scalar_backward_euler");
+  const auto e = convergence_error([&] {
+    static_cast<void>(s.jacobian(scalar_inputs({singular_root, converges, no_root})));
+  });
+  check_per_row_detail(e);
+  CHECK(at::equal(e.reasons(),
+                  reasons_of({RowFailure::singular, RowFailure::none, RowFailure::not_converged})));
+  CHECK(e.residual_norms()[0].item<double>() == 0);
+}
+
 TEST_CASE("a failed row's norm is the residual Newton tested last: one and no update, by hand") {
   for (const bool row_pass : {true, false}) {
     CAPTURE(row_pass);
