@@ -60,3 +60,46 @@ TEST_CASE("foreign exceptions become FatalError with their message kept") {
                   ConvergenceError);
   CHECK(neml2::detail::translate_foreign_errors("x", [] { return 7; }) == 7);
 }
+
+static_assert(to_string(RowFailure::singular) == "singular"); // usable at compile time
+
+TEST_CASE("a per-row ConvergenceError says why each row failed and its residual norm") {
+  const auto converged = at::tensor({1, 0, 0}, at::kInt).to(at::kBool);
+  SUBCASE("told: as given, on the mask's device and in its own types") {
+    const ConvergenceError e("2 rows failed", converged, 3.5, {}, {},
+                             at::tensor({0, 1, 3}, at::kLong), at::tensor({0.0f, 3.5f, 1.0f}));
+    CHECK((e.reasons().scalar_type() == at::kChar));
+    CHECK((e.residual_norms().scalar_type() == at::kDouble));
+    CHECK(e.reason(0) == RowFailure::none);
+    CHECK(e.reason(1) == RowFailure::not_converged);
+    CHECK(e.reason(2) == RowFailure::singular);
+    CHECK(at::equal(e.residual_norms(), at::tensor({0.0, 3.5, 1.0}, at::kDouble)));
+    // copies share what they carry
+    const ConvergenceError copy = e;
+    CHECK(copy.reasons().is_same(e.reasons()));
+  }
+  SUBCASE("not told: not_converged and a NaN norm where a row failed, none and 0 elsewhere") {
+    const ConvergenceError e("2 rows failed", converged, 3.5, {});
+    CHECK(at::equal(e.reasons(), at::tensor({0, 1, 1}, at::kChar)));
+    CHECK(e.residual_norms()[0].item<double>() == 0);
+    CHECK(at::isnan(e.residual_norms().narrow(0, 1, 2)).all().item<bool>());
+  }
+  SUBCASE("a row out of range is a FatalError naming the range") {
+    const ConvergenceError e("2 rows failed", converged, 3.5, {});
+    CHECK_THROWS_WITH_AS(static_cast<void>(e.reason(3)),
+                         "ConvergenceError::reason(3): the error has 3 rows; ask for a row in "
+                         "[0, 3)",
+                         FatalError);
+  }
+  SUBCASE("the whole-call form has none") {
+    const ConvergenceError e("diverged");
+    CHECK_FALSE(e.reasons().defined());
+    CHECK_FALSE(e.residual_norms().defined());
+    CHECK(e.reason(0) == RowFailure::none);
+  }
+  CHECK(to_string(RowFailure::non_finite) == "non_finite");
+  CHECK(to_string(RowFailure::none) == "none");
+  CHECK(to_string(RowFailure::not_converged) == "not_converged");
+  CHECK(to_string(RowFailure::singular) == "singular");
+  CHECK(to_string(static_cast<RowFailure>(9)) == "unknown");
+}

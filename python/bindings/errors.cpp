@@ -1,7 +1,7 @@
 // The library's error family as Python exceptions: neml2_dispatch.Error (a RuntimeError)
 // and its leaves FatalError, ConvergenceError, AggregateError, each carrying the library's
-// message and what the C++ error carries (recoverable, details, the converged mask and
-// results, the parts of an aggregate).
+// message and what the C++ error carries (recoverable, details, the converged mask, why
+// each row failed and the results, the parts of an aggregate).
 
 #include <cmath>
 #include <exception>
@@ -40,6 +40,8 @@ py::object as_python_error(const std::exception_ptr& caught) {
     error.attr("converged_mask") = e.per_row() ? py::cast(e.converged_mask()) : py::none();
     error.attr("failed_rows") = e.failed_rows();
     error.attr("worst_residual") = e.worst_residual();
+    error.attr("reasons") = e.per_row() ? py::cast(e.reasons()) : py::none();
+    error.attr("residual_norms") = e.per_row() ? py::cast(e.residual_norms()) : py::none();
     py::dict outputs;
     for (const auto& [name, value] : e.outputs())
       outputs[py::str(name)] = value;
@@ -119,12 +121,22 @@ void register_errors(py::module_& m) {
                "`converged_mask` is the (B,) bool mask of the rows that converged, `outputs` the "
                "outputs by name (converged rows valid, failed rows NaN), `results` the call's "
                "results in the library's positional order, `failed_rows` and `worst_residual` "
-               "what failed.",
+               "what failed, `reasons` the (B,) int8 codes of why each row failed (names in "
+               "`reason_names`: none, not_converged, non_finite, singular) and `residual_norms` "
+               "each failed row's last residual norm ((B,) float64; NaN where not finite, 0 "
+               "where the row converged).",
                error.ptr());
   convergence.attr("per_row") = false;
   convergence.attr("converged_mask") = py::none();
   convergence.attr("failed_rows") = 0;
   convergence.attr("worst_residual") = py::float_(std::nan(""));
+  convergence.attr("reasons") = py::none();
+  convergence.attr("residual_norms") = py::none();
+  py::list reason_names; // indexed by the codes of `reasons` (RowFailure)
+  for (const auto reason :
+       {RowFailure::none, RowFailure::not_converged, RowFailure::non_finite, RowFailure::singular})
+    reason_names.append(py::str(std::string(to_string(reason))));
+  convergence.attr("reason_names") = py::tuple(reason_names);
   convergence.attr("outputs") = py::dict();
   convergence.attr("results") = py::list();
   auto aggregate = new_type(m, "AggregateError",

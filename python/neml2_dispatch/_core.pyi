@@ -26,6 +26,14 @@ class ConvergenceError(Error):
     converged_mask: Optional[torch.Tensor]
     failed_rows: int
     worst_residual: float
+    reasons: Optional[torch.Tensor]
+    """(B,) int8: why each row failed, an index into `reason_names` (0, none, where the row
+    converged)."""
+    residual_norms: Optional[torch.Tensor]
+    """(B,) float64: each failed row's last residual norm (NaN where it was not finite; 0 where
+    the row converged)."""
+    reason_names: tuple[str, ...]
+    """("none", "not_converged", "non_finite", "singular"), indexed by the codes of `reasons`."""
     outputs: dict[str, torch.Tensor]
     results: list[Optional[torch.Tensor]]
 

@@ -58,6 +58,30 @@ def test_convergence_error_mask_and_converged_rows_match_eager(policy):
     check_close(model.forward(good)["x"], e.outputs["x"][e.converged_mask], "retry")
 
 
+@pytest.mark.parametrize("policy", [nd.SyncChunking(batch_size=2, cpu_lanes=2),
+                                    nd.GreedyPriorityCapacity(devices=["cpu"], batch_sizes=[3])])
+def test_convergence_error_says_why_each_row_failed(policy):
+    model = nd.load_model(stub("scalar_backward_euler", "model"), "model", policy)
+    # converges; no real root (the iteration cap); NaN input; converges; a zero slope at the
+    # guess x = -0.5 over dt = 1 (dr/dx = 1 + 2 x dt = 0) while r = -1.25
+    inputs = scalar_inputs([1.0, -50.0, math.nan, 2.0, 1.0])
+    inputs["x"][4], inputs["x~1"][4], inputs["t"][4] = -0.5, 0.0, 1.0
+    with pytest.raises(nd.ConvergenceError) as caught:
+        model.forward(inputs)
+    e = caught.value
+    assert e.reason_names == ("none", "not_converged", "non_finite", "singular")
+    assert e.reasons.dtype == torch.int8 and e.residual_norms.dtype == torch.float64
+    assert [e.reason_names[c] for c in e.reasons.tolist()] == [
+        "none", "not_converged", "non_finite", "none", "singular"]
+    norms = e.residual_norms
+    assert norms[0] == 0 and norms[3] == 0
+    assert math.isfinite(norms[1]) and norms[1] > 1e-10
+    assert math.isnan(norms[2])
+    assert norms[4] == 1.25  # the residual the row pass tested at the zero pivot
+    # the class's defaults, for an error that is not per row
+    assert nd.ConvergenceError.reasons is None and nd.ConvergenceError.residual_norms is None
+
+
 def test_a_row_that_fails_spoils_a_sum_over_rows():
     model = nd.load_model(stub("scalar_backward_euler_params", "model"), "model")
     with pytest.raises(nd.ConvergenceError,

@@ -1,7 +1,7 @@
 #include <limits>
-#include <string>
 
 #include <ATen/ATen.h>
+#include <fmt/format.h>
 
 #include <neml2/errors.hpp>
 
@@ -88,9 +88,9 @@ RowFailure ConvergenceError::reason(std::int64_t row) const {
   if (!reasons.defined())
     return RowFailure::none;
   if (row < 0 || row >= reasons.numel())
-    throw FatalError("ConvergenceError::reason(" + std::to_string(row) + "): the error has " +
-                     std::to_string(reasons.numel()) + " rows; ask for a row in [0, " +
-                     std::to_string(reasons.numel()) + ")");
+    throw FatalError(
+        fmt::format("ConvergenceError::reason({}): the error has {} rows; ask for a row in [0, {})",
+                    row, reasons.numel(), reasons.numel()));
   return static_cast<RowFailure>(reasons[row].item<std::int8_t>());
 }
 

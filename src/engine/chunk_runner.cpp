@@ -163,9 +163,9 @@ std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op, Bo
     copy_into(targets, call, results);
     results = targets;
   }
-  if (outcome.failed)
-    throw_failed_rows(outcome.failed->converged_mask(), outcome.failed->worst_residual(),
-                      std::move(results));
+  if (const auto& failed = outcome.failed)
+    throw_failed_rows(failed->converged_mask(), failed->worst_residual(), std::move(results),
+                      failed->reasons(), failed->residual_norms());
   return results;
 }
 

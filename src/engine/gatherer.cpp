@@ -62,9 +62,15 @@ void Gatherer::add_failed_rows(std::size_t index, std::int64_t first, std::int64
       if (_call.slots()[i].gather == Gather::rows)
         _results[i].narrow(0, first, rows).fill_(std::numeric_limits<double>::quiet_NaN());
   auto lock = _lock();
-  if (!_converged.defined())
-    _converged = at::ones({_call.batch}, at::TensorOptions().dtype(at::kBool).device(_call.device));
+  if (!_converged.defined()) { // the other chunks' rows converged
+    const auto options = at::TensorOptions().device(_call.device);
+    _converged = at::ones({_call.batch}, options.dtype(at::kBool));
+    _reasons = at::zeros({_call.batch}, options.dtype(at::kChar)); // RowFailure::none
+    _residual_norms = at::zeros({_call.batch}, options.dtype(at::kDouble));
+  }
   _converged.narrow(0, first, rows).copy_(error.converged_mask());
+  _reasons.narrow(0, first, rows).copy_(error.reasons());
+  _residual_norms.narrow(0, first, rows).copy_(error.residual_norms());
   _worst_residual = std::isnan(error.worst_residual()) || std::isnan(_worst_residual)
                         ? std::numeric_limits<double>::quiet_NaN()
                         : std::max(_worst_residual, error.worst_residual());
@@ -88,7 +94,7 @@ std::vector<at::Tensor> Gatherer::finish() && {
     for (std::size_t i = 0; i < _results.size(); ++i)
       _results[i] = as_called(_call, i, _results[i].to(_call.device));
   if (_converged.defined())
-    throw_failed_rows(_converged, _worst_residual, std::move(_results));
+    throw_failed_rows(_converged, _worst_residual, std::move(_results), _reasons, _residual_norms);
   return std::move(_results);
 }
 

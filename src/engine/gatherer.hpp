@@ -36,8 +36,8 @@ public:
     return detail::places(_call, _results, first, rows);
   }
 
-  /// A chunk whose solve failed in some rows: its results (converged rows filled) and
-  /// which rows converged.
+  /// A chunk whose solve failed in some rows: its results (converged rows filled), which
+  /// rows converged, why the others failed and their residual norms.
   void add_failed_rows(std::size_t index, std::int64_t first, std::int64_t rows,
                        const ConvergenceError& error, std::size_t piece = 0);
 
@@ -52,6 +52,8 @@ public:
       for (const auto& t : sums)
         f(t);
     f(_converged);
+    f(_reasons);
+    f(_residual_norms);
   }
 
   /// The gathered results, batch axis as called (the caller's own tensors when it gave
@@ -70,7 +72,8 @@ private:
   std::vector<bool> _shared_taken;
   // per chunk and piece, in that order
   std::map<std::pair<std::size_t, std::size_t>, std::vector<at::Tensor>> _sums;
-  at::Tensor _converged; // (batch,) once a chunk failed
+  at::Tensor _converged; // (batch,) once a chunk failed, with why and each row's ||r||
+  at::Tensor _reasons, _residual_norms;
   double _worst_residual = 0;
 };
 

@@ -79,14 +79,15 @@ std::vector<at::Tensor> empty_results(const BoundCall& call, c10::ScalarType dty
 }
 
 void throw_failed_rows(const at::Tensor& converged, double worst_residual,
-                       std::vector<at::Tensor> results) {
+                       std::vector<at::Tensor> results, const at::Tensor& reasons,
+                       const at::Tensor& residual_norms) {
   const auto failed = converged.numel() - converged.sum().item<std::int64_t>();
-  throw ConvergenceError(std::to_string(failed) + " of " + std::to_string(converged.numel()) +
-                             " rows did not converge (worst residual norm " +
-                             std::to_string(worst_residual) +
-                             "); the converged rows' results are in outputs(): cut the "
-                             "step where converged_mask() is false and retry those rows",
-                         converged, worst_residual, std::move(results));
+  throw ConvergenceError(
+      std::to_string(failed) + " of " + std::to_string(converged.numel()) +
+          " rows did not converge (worst residual norm " + std::to_string(worst_residual) +
+          "); the converged rows' results are in outputs(): cut the "
+          "step where converged_mask() is false and retry those rows",
+      converged, worst_residual, std::move(results), {}, reasons, residual_norms);
 }
 
 } // namespace neml2::detail

@@ -75,8 +75,10 @@ void take_all(BoundCall& call, c10::Device device, ChunkArgs& chunk);
 /// The results of a call of no rows, on its device.
 [[nodiscard]] std::vector<at::Tensor> empty_results(const BoundCall& call, c10::ScalarType dtype);
 
-/// Throws the ConvergenceError of a call whose rows did not all converge.
+/// Throws the ConvergenceError of a call whose rows did not all converge: `converged`,
+/// `reasons` and `residual_norms` over its rows (see ConvergenceError).
 [[noreturn]] void throw_failed_rows(const at::Tensor& converged, double worst_residual,
-                                    std::vector<at::Tensor> results);
+                                    std::vector<at::Tensor> results, const at::Tensor& reasons,
+                                    const at::Tensor& residual_norms);
 
 } // namespace neml2::detail

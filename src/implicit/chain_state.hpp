@@ -48,6 +48,9 @@ struct SegmentChain::State {
   std::map<std::string, std::vector<at::Tensor>> derivatives; // (rows, n_var, n_input)
   at::Tensor converged;                                       // (rows,) once a solve ran
   double worst_residual = 0;
+  // Once a solve ran: each row's RowFailure (int8, undefined while none failed) and ||r||,
+  // a failed row's from the solve it first failed in, another's from the last solve.
+  at::Tensor reasons, norms;
 
   const at::Tensor& value(const std::string& name, const std::string& needed_by) const {
     const auto it = values.find(name);

@@ -15,15 +15,16 @@ at::Tensor rows_where(const at::Tensor& mask) {
   return mask.nonzero().squeeze(1);
 }
 
-double worst_residual(const at::Tensor& converged, const at::Tensor& norm) {
+FailedRows failed_rows(const at::Tensor& converged, const at::Tensor& norm) {
   constexpr auto none = -std::numeric_limits<double>::infinity();
   if (norm.numel() == 0)
-    return 0;
+    return {};
   const auto failed = ~converged;
   const auto not_finite = (failed & ~at::isfinite(norm)).any();
   const auto worst = to_host<double>(at::where(not_finite, std::numeric_limits<double>::quiet_NaN(),
                                                at::where(failed, norm, none).max()));
-  return worst == none ? 0 : worst;
+  // -inf only when no row failed: a failed row's norm is >= 0, or NaN.
+  return worst == none ? FailedRows{} : FailedRows{true, worst};
 }
 
 } // namespace neml2::detail

@@ -24,8 +24,12 @@ T to_host(const at::Tensor& t) {
 // The indices where `mask` (rows,) is true.
 at::Tensor rows_where(const at::Tensor& mask);
 
-// The largest ||r|| of a row that failed (NaN when one is not finite, 0 when none failed),
-// in one read.
-double worst_residual(const at::Tensor& converged, const at::Tensor& norm);
+// Whether some row failed and the largest ||r|| of a row that did (NaN when one is not
+// finite, 0 when none failed), in one read.
+struct FailedRows {
+  bool any = false;
+  double worst_residual = 0;
+};
+FailedRows failed_rows(const at::Tensor& converged, const at::Tensor& norm);
 
 } // namespace neml2::detail

@@ -10,6 +10,7 @@
 #include "implicit/host_reads.hpp"
 #include "implicit/lapack_rows.hpp"
 #include "implicit/newton_rows.hpp"
+#include "implicit/row_failures.hpp"
 
 namespace neml2::detail {
 namespace {
@@ -238,7 +239,7 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
   if (runs_on_rows(graphs, u0, config))
     return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative);
   WorkingSet w;
-  w.u = std::move(u0);
+  w.u = u0; // the guesses kept: row_failures reads them when a row fails
   w.givens = givens;
   // The first residual: from the jacobian graph on small batches (first_from_jacobian).
   const auto rows = w.u.front().size(0);
@@ -309,7 +310,10 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0
   result.u = std::move(batch.u);
   result.converged = std::move(batch.converged);
   result.norm = std::move(batch.norm);
-  result.worst_residual = worst_residual(result.converged, result.norm);
+  const auto failed = failed_rows(result.converged, result.norm);
+  result.worst_residual = failed.worst_residual;
+  if (failed.any)
+    result.reasons = row_failures(result.converged, result.norm, result.u, u0, givens);
   return result;
 }
 

@@ -56,6 +56,8 @@ struct NewtonResult {
   at::Tensor converged;      ///< `(B,)` bool
   at::Tensor norm;           ///< `(B,)` the last ||r|| of each row
   double worst_residual = 0; ///< max ||r|| over rows that failed (NaN if one was not finite)
+  /// `(B,)` int8 RowFailure per row (row_failures.hpp); undefined when every row converged.
+  at::Tensor reasons;
   std::int64_t iterations = 0;
   /// Rows that converged in substeps (indices into the batch; undefined when none) and,
   /// when derivatives were asked for, d(u)/d(givens, extra columns) of each through its

@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include "implicit/row_failures.hpp"
 #include "implicit/row_system.hpp"
 
 namespace neml2::detail {
@@ -43,6 +44,7 @@ public:
     _norm.resize(_index.size());
     _gate_ok.assign(_index.size(), 0);
     _undecided.assign(_index.size(), 0);
+    _singular.assign(_index.size(), 0);
 
     NewtonResult result;
     result.u = empty_like_rows(_u, rows);
@@ -86,13 +88,18 @@ public:
     }
 
     double worst = 0;
-    bool not_finite = false;
+    bool not_finite = false, any_failed = false;
     for (std::int64_t r = 0; r < rows; ++r)
       if (!_out_converged[r]) {
+        any_failed = true;
         not_finite = not_finite || !std::isfinite(_out_norm[r]);
         worst = std::max(worst, _out_norm[r]);
       }
     result.worst_residual = not_finite ? std::numeric_limits<double>::quiet_NaN() : worst;
+    if (any_failed)
+      result.reasons =
+          row_failures(result.converged, result.norm, result.u, u0, givens,
+                       at::from_blob(_singular.data(), {rows}, at::kByte).to(at::kBool));
     return result;
   }
 
@@ -110,6 +117,12 @@ private:
     _out->copy_row(row, u, i);
     _out_norm[row] = _norm[static_cast<std::size_t>(i)];
     _out_converged[row] = converged;
+  }
+
+  // Row i fails at a zero or non-finite pivot of its A: no step.
+  void finish_singular(const Groups& u, std::int64_t i) {
+    _singular[static_cast<std::size_t>(_index[static_cast<std::size_t>(i)])] = 1;
+    finish(u, i, false);
   }
 
   // One pass over the working set at a graph's results. With `check`: each row's ||r||
@@ -166,7 +179,7 @@ private:
           if (has_a) {
             const double a = blocks->blocks.front()(i, 0, 0);
             if (!(std::abs(a) > 0) || !std::isfinite(a)) { // lu_factor's test
-              finish(u, i, false);
+              finish_singular(u, i);
               continue;
             }
             _du[static_cast<std::size_t>(i)] = bi / a;
@@ -181,7 +194,7 @@ private:
     // Row i's step du = A^{-1} b from its solve (and <b, du>), or its failure.
     const auto stepped = [&](std::int64_t i, const double* x, std::int64_t stride, bool solved) {
       if (!solved) {
-        finish(u, i, false);
+        finish_singular(u, i);
         return;
       }
       double* du = _du.data() + i * n;
@@ -381,6 +394,7 @@ private:
   std::vector<std::int64_t> _index;
   std::vector<double> _r0, _norm, _du, _slope;
   std::vector<std::uint8_t> _gate_ok, _keep, _undecided;
+  std::vector<std::uint8_t> _singular; // per batch row: failed at a singular A
 
   std::unique_ptr<Groups> _out;
   double* _out_norm = nullptr;

@@ -51,6 +51,30 @@ void host_finite_rows(const at::Tensor& t, bool* finite) {
   });
 }
 
+// A solve's reasons and norms into the chain's (SegmentChain::State's): a row keeps those
+// of the first solve it failed in. While no row has failed, the solve's norms are only
+// referred to.
+void add_failures(at::Tensor& reasons, at::Tensor& norms, const NewtonResult& solved) {
+  if (!reasons.defined()) {
+    reasons = solved.reasons;
+    norms = solved.norm;
+    return;
+  }
+  const auto failed_before = reasons != static_cast<std::int8_t>(RowFailure::none);
+  norms = at::where(failed_before, norms, solved.norm);
+  if (solved.reasons.defined())
+    reasons = at::where(failed_before, reasons, solved.reasons);
+}
+
+// Each row's norm as a ConvergenceError reports it: NaN where it was not finite (inf
+// too), 0 where the row converged.
+at::Tensor reported_norms(const at::Tensor& norms, const at::Tensor& converged) {
+  if (!norms.defined())
+    return {};
+  return norms.masked_fill(~at::isfinite(norms), std::numeric_limits<double>::quiet_NaN())
+      .masked_fill(converged, 0.0);
+}
+
 } // namespace
 
 std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
@@ -199,6 +223,7 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
       state.converged.defined() ? state.converged & solved.converged : solved.converged;
   if (std::isnan(solved.worst_residual) || solved.worst_residual > state.worst_residual)
     state.worst_residual = solved.worst_residual;
+  add_failures(state.reasons, state.norms, solved);
 
   if (state.track)
     chain_implicit(step, chunk, solved, givens, params, layout, state);
@@ -224,8 +249,16 @@ std::int64_t SegmentChain::fail_rows_not_finite(const ChunkArgs& chunk,
   const auto not_finite =
       results.empty() ? at::Tensor() : finite_rows(chunk.inputs) & ~finite_rows(results);
   const auto n_not_finite = not_finite.defined() ? not_finite.sum().item<std::int64_t>() : 0;
-  if (n_not_finite > 0)
+  if (n_not_finite > 0) {
     state.converged = (state.converged.defined() ? state.converged : ~not_finite) & ~not_finite;
+    // Rows that failed in a solve keep its reason; the others converged: singular there.
+    constexpr auto none = static_cast<std::int8_t>(RowFailure::none);
+    const auto reasons = state.reasons.defined()
+                             ? state.reasons
+                             : at::full({state.rows}, none, not_finite.options().dtype(at::kChar));
+    state.reasons = reasons.masked_fill(not_finite & (reasons == none),
+                                        static_cast<std::int8_t>(RowFailure::singular));
+  }
   return n_not_finite;
 }
 
@@ -258,7 +291,8 @@ void SegmentChain::throw_unconverged(Operation op, const State& state, std::int6
                   "others are NaN): cut the step of the failed rows and retry",
                   _artifact.root.string(), n_failed, state.rows, singular, _config.miters,
                   state.worst_residual),
-      state.converged, state.worst_residual, std::move(results));
+      state.converged, state.worst_residual, std::move(results), {}, state.reasons,
+      reported_norms(state.norms, state.converged));
 }
 
 } // namespace neml2::detail

@@ -5,6 +5,8 @@
 
 #include <ATen/ATen.h>
 
+#include <neml2/errors.hpp>
+
 #include "implicit/host_reads.hpp"
 
 namespace neml2::detail {
@@ -74,6 +76,7 @@ struct Substeps {
   std::vector<at::Tensor> chained;    // per SubstepPlan::Chain: the old state
   at::Tensor pos, size, depth;        // int64
   at::Tensor done, dead, norm;        // converged through the step; failed at the bottom
+  at::Tensor reasons;                 // why the last span failed (RowFailure), int8
   at::Tensor du_dg;                   // d(u)/d(full givens, extra) (rows, n_u, n_g), tracked
   std::vector<at::Tensor> chained_dg; // per chain: d(old state)/d(full givens)
 };
@@ -110,6 +113,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
   s.done = at::zeros({n}, index_options.dtype(at::kBool));
   s.dead = s.done.clone();
   s.norm = result.norm.index_select(0, failed);
+  s.reasons = result.reasons.index_select(0, failed);
 
   const auto given_offsets = group_offsets(s.full);
   const auto n_g = given_offsets.back() + extra_columns; // extra columns: static
@@ -191,6 +195,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
     // Failed spans: bisect, or fail the row at the deepest level.
     if (bad_rows.numel() > 0) {
       s.norm.index_copy_(0, bad_rows, solved.norm.index_select(0, bad_index));
+      s.reasons.index_copy_(0, bad_rows, solved.reasons.index_select(0, bad_index));
       const auto d = s.depth.index_select(0, bad_rows);
       const auto bottom = d >= plan.max_level;
       s.dead.index_copy_(0, bad_rows, bottom);
@@ -206,7 +211,14 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
     result.u[k] = result.u[k].index_copy(0, s.rows, s.u[k]);
   result.converged = result.converged.index_copy(0, s.rows, s.done);
   result.norm = result.norm.index_copy(0, s.rows, s.norm);
-  result.worst_residual = worst_residual(result.converged, result.norm);
+  const auto still_failed = failed_rows(result.converged, result.norm);
+  result.worst_residual = still_failed.worst_residual;
+  result.reasons =
+      still_failed.any
+          ? result.reasons.index_copy(
+                0, s.rows,
+                s.reasons.masked_fill(s.done, static_cast<std::int8_t>(RowFailure::none)))
+          : at::Tensor();
   const auto settled = rows_where(s.done);
   if (settled.numel() > 0) {
     result.substepped = s.rows.index_select(0, settled);

@@ -23,7 +23,8 @@ void detail::CallNames::rethrow_with_outputs(const ConvergenceError& error,
       results.begin(),
       results.begin() + static_cast<std::ptrdiff_t>(_session->_impl->output_names.size())));
   throw ConvergenceError(error.what(), error.converged_mask(), error.worst_residual(),
-                         std::move(results), std::move(outputs));
+                         std::move(results), std::move(outputs), error.reasons(),
+                         error.residual_norms());
 }
 
 std::pair<TensorMap, TensorMap> detail::CallNames::jvp(std::vector<at::Tensor>&& results) const {
