@@ -126,11 +126,11 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
   try {
     options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives)
                         : _model->forward_into(inputs, e.outputs);
-    detail::flag_failures(e, nullptr);
+    detail::flag_failures(*_model, e, nullptr);
   } catch (const ConvergenceError& error) {
     if (!error.per_row())
       throw;
-    detail::flag_failures(e, &error);
+    detail::flag_failures(*_model, e, &error);
   }
   for (auto& [one, host] : spread) {
     const auto one_shape = one.sizes().vec();

@@ -439,7 +439,11 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
         t.copy_(r.derivatives.at(y).at(z).index_select(0, rows));
   }
 
-  // Nothing above changed the state.
+  // Nothing above changed the state. Given inputs are kept only for a state that cuts (the
+  // host's own tensors otherwise, whose memory it may want back).
+  if (!_cutting)
+    for (const auto& g : _roles.given)
+      values.erase(g);
   _forces = std::move(values);
   _result = std::move(r);
   _subset = subset;

@@ -6,10 +6,14 @@
 
 #include <algorithm>
 #include <limits>
+#include <variant>
 
 #include <ATen/ATen.h>
 
+#include <neml2/any_dispatched_model.hpp>
 #include <neml2/detail/call_names.hpp>
+
+#include "core/finite_values.hpp"
 
 namespace neml2::detail {
 
@@ -21,7 +25,7 @@ PointsEvaluation evaluate_points(const AnyDispatchedModel& model, const TensorMa
       p.outputs = model.forward(inputs);
     else
       std::tie(p.outputs, p.derivatives) = model.jacobian(inputs);
-    flag_failures(p, nullptr);
+    flag_failures(model, p, nullptr);
   } catch (const ConvergenceError& e) {
     if (!e.per_row())
       throw;
@@ -30,39 +34,41 @@ PointsEvaluation evaluate_points(const AnyDispatchedModel& model, const TensorMa
     else
       std::tie(p.outputs, p.derivatives) =
           CallNames(model.sessions().front()).jacobian(std::vector<at::Tensor>(e.results()));
-    flag_failures(p, &e);
+    flag_failures(model, p, &e);
   }
   return p;
 }
 
-void flag_failures(PointsEvaluation& e, const ConvergenceError* error) {
-  at::Tensor finite; // (N,): every output of the point finite
-  for (const auto& [y, value] : e.outputs) {
-    const auto f = at::isfinite(value).reshape({value.size(0), -1}).all(1);
-    finite = finite.defined() ? finite.logical_and_(f) : f;
-  }
-  const bool all_finite = !finite.defined() || finite.all().item<bool>();
-  if (!error && all_finite)
-    return;
-  const auto rows = e.outputs.begin()->second.size(0);
-  const auto on = e.outputs.begin()->second.options();
-  if (error) {
+void flag_failures(const AnyDispatchedModel& model, PointsEvaluation& e,
+                   const ConvergenceError* error) {
+  const auto& some = e.outputs.begin()->second;
+  const auto rows = some.size(0);
+  const auto on = some.options();
+  if (error) { // Newton's own verdict (its chain fails a row whose results are not finite)
     e.converged = error->converged_mask().to(on.device());
     e.reasons = error->reasons().to(on.device());
     e.residuals = error->residual_norms().to(on.device());
-  } else {
-    e.converged = at::ones({rows}, on.dtype(at::kBool));
-    e.reasons = at::zeros({rows}, on.dtype(at::kChar));
-    e.residuals = at::zeros({rows}, on.dtype(at::kDouble));
-  }
-  if (all_finite)
     return;
-  // A point that converged (or has no Newton: an explicit model) to a non-finite output.
-  const auto bad = e.converged.logical_and(finite.logical_not());
-  e.non_finite = bad.any().item<bool>();
-  e.converged = e.converged.logical_and(finite);
-  e.reasons.masked_fill_(bad, static_cast<std::int8_t>(RowFailure::non_finite));
-  e.residuals.masked_fill_(bad, std::numeric_limits<double>::quiet_NaN());
+  }
+  const auto& segments = model.artifact().segments;
+  if (!std::all_of(segments.begin(), segments.end(),
+                   [](const auto& s) { return std::holds_alternative<ForwardSegment>(s); }))
+    return;
+  // An explicit model: no Newton judged its points.
+  if (std::all_of(e.outputs.begin(), e.outputs.end(),
+                  [](const auto& output) { return all_finite(output.second); }))
+    return;
+  at::Tensor finite; // (N,): every output of the point finite
+  for (const auto& [y, value] : e.outputs) {
+    const auto f = at::isfinite(value).reshape({rows, -1}).all(1);
+    finite = finite.defined() ? finite.logical_and_(f) : f;
+  }
+  e.non_finite = !finite.all().item<bool>();
+  e.converged = finite;
+  e.reasons = at::zeros({rows}, on.dtype(at::kChar))
+                  .masked_fill_(~finite, static_cast<std::int8_t>(RowFailure::non_finite));
+  e.residuals = at::zeros({rows}, on.dtype(at::kDouble))
+                    .masked_fill_(~finite, std::numeric_limits<double>::quiet_NaN());
 }
 
 void fill_failed(StepResult& result, const at::Tensor& failed) {

@@ -23,8 +23,10 @@ struct PointsEvaluation {
                                                const TensorMap& inputs, bool derivatives);
 
 /// The points of `e` (its outputs `(N, ...)`) that a per-row ConvergenceError (`error`, or
-/// none) names failed, and those with a non-finite output, which fail as non-finite.
-void flag_failures(PointsEvaluation& e, const ConvergenceError* error);
+/// none) names failed; for an explicit model (no Newton to judge), those with a non-finite
+/// output, which fail as non-finite.
+void flag_failures(const AnyDispatchedModel& model, PointsEvaluation& e,
+                   const ConvergenceError* error);
 
 /// NaN into the rows `failed` of `result`'s outputs and derivatives.
 void fill_failed(StepResult& result, const at::Tensor& failed);

@@ -12,26 +12,12 @@
 
 #include <neml2/errors.hpp>
 
+#include "core/finite_values.hpp"
 #include "implicit/chain_state.hpp"
 #include "implicit/row_ranges.hpp"
 
 namespace neml2::detail {
 namespace {
-
-// Whether every value of the CPU double tensor `t` is finite, read in place when it is
-// dense (in any order of its axes): the exponent bits of each value (vectorized).
-bool all_finite(const at::Tensor& t) {
-  if (!t.is_non_overlapping_and_dense())
-    return at::isfinite(t).all().item<bool>();
-  const auto* bits = static_cast<const std::uint64_t*>(t.data_ptr());
-  const auto count = t.numel();
-  // The exponent field plus one carries into the sign bit only when it is all ones.
-  constexpr std::uint64_t exponent = 0x7ffULL << 52, one = 1ULL << 52;
-  std::uint64_t carries = 0;
-  for (std::int64_t k = 0; k < count; ++k)
-    carries |= (bits[k] & exponent) + one;
-  return (carries >> 63) == 0;
-}
 
 // Clears `finite[r]` where row r of the `(rows, n)` `t` has a value that is not finite: on
 // the host instead of five tensor operations, and rows only when some value is not.
