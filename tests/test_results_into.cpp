@@ -786,3 +786,36 @@ TEST_CASE("columns of one record buffer: apart or meeting, judged by the rows' f
     CHECK(neml2::detail::share_memory(b, a) == meet(a, b));
   }
 }
+
+TEST_CASE("a block the same for every row, given with the batch axis: each row gets it, in "
+          "chunks, on lanes and through the asynchronous engine") {
+  const auto stub = test::stub("elasticity", "elasticity");
+  const test::Reference ref("elasticity");
+  const auto in = ref.group("b7/in");
+  const auto rows = in.at("strain").size(0);
+  const auto expected = load_model(stub, "elasticity").jacobian(in);
+  const auto& block = expected.second.at("stress").at("strain");
+  REQUIRE(block.dim() == 2); // one (6, 6) block for every row
+  const auto check = [&](const AnyDispatchedModel& m) {
+    TensorMap out{{"stress", at::full({rows, 6}, 7.0, at::kDouble)}};
+    auto J = at::full({rows + 2, 6, 6}, 7.0, at::kDouble).narrow(0, 1, rows); // strided rows
+    m.jacobian_into(in, out, {{"stress", {{"strain", J}}}});
+    CHECK(at::equal(out.at("stress"), expected.first.at("stress")));
+    CHECK(at::equal(J, block.expand({rows, 6, 6})));
+  };
+  check(load_model(stub, "elasticity"));
+  check(load_model(stub, "elasticity", SyncChunking{.batch_size = 3}));
+  check(load_model(stub, "elasticity", SyncChunking{.batch_size = 2, .cpu_lanes = 2}));
+  check(load_model(
+      stub, "elasticity",
+      GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {3}, .capacities = {6}}));
+  // Another batch is refused, naming both shapes it takes.
+  const auto m = load_model(stub, "elasticity");
+  TensorMap out{{"stress", at::empty({rows, 6}, at::kDouble)}};
+  const auto message = test::fatal_message([&] {
+    m.jacobian_into(in, out, {{"stress", {{"strain", at::empty({rows + 1, 6, 6}, at::kDouble)}}}});
+  });
+  CHECK_MESSAGE(
+      contains(message, "(the same for every row: or [" + std::to_string(rows) + ", 6, 6])"),
+      message);
+}

@@ -570,7 +570,8 @@ void bind_model(py::module_& m) {
           },
           "inputs"_a, "outputs"_a, "J"_a,
           "jacobian(), into the caller's tensors (a block that is the same for every row: "
-          "one, unbatched); no autograd graph, as forward_into().")
+          "batched, as jacobian() returns it, or one, unbatched); no autograd graph, as "
+          "forward_into().")
       .def(
           "param_jacobian_into",
           [](const Model& self, py::object inputs, py::object outputs, py::object P) {

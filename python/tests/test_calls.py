@@ -475,3 +475,16 @@ def test_sub_batched_unknown_carries_its_bins_through_a_history():
         theirs = raw(theirs)
         check_close(ours, theirs, f"step {step}", rtol=1e-8)
     assert ours.abs().max() > 0.1  # the bins filled: the history did something
+
+
+def test_jacobian_into_takes_blocks_shaped_as_jacobian_returns_them():
+    # Linear elasticity's block is the same for every row: jacobian() gives it batched, and
+    # jacobian_into takes a destination of that shape (or the one block, unbatched).
+    model = nd.load_model(stub("elasticity", "elasticity"), "elasticity")
+    inputs = random_inputs(model, 9, seed=3)
+    out, J = model.jacobian(inputs)
+    assert J["stress"]["strain"].shape == (9, 6, 6)
+    for block in (torch.full((9, 6, 6), float("nan")), torch.full((6, 6), float("nan"))):
+        into = {"stress": {"strain": block}}
+        model.jacobian_into(inputs, {"stress": torch.empty(9, 6)}, into)
+        assert torch.equal(block.expand(9, 6, 6), J["stress"]["strain"])

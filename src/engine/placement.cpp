@@ -172,9 +172,18 @@ std::vector<at::Tensor> writable(BoundCall& call, c10::ScalarType dtype, const D
     if (!t.defined())
       throw FatalError(label + " is an undefined tensor; pass one of shape " +
                        shape_text(expected));
-    if (t.sizes() != c10::IntArrayRef(expected))
+    // A block the same for every row may also be given with the batch axis, as Python's
+    // jacobian() returns it: each row gets the one block.
+    auto per_row = expected;
+    per_row.insert(per_row.begin(), call.batch);
+    const bool spread =
+        slot.gather == Gather::shared && call.batched && t.sizes() == c10::IntArrayRef(per_row);
+    if (!spread && t.sizes() != c10::IntArrayRef(expected))
       throw FatalError(label + " has shape " + shape_text(t.sizes()) + ", but this call's " +
                        "result has shape " + shape_text(expected) +
+                       (slot.gather == Gather::shared && call.batched
+                            ? " (the same for every row: or " + shape_text(per_row) + ")"
+                            : std::string()) +
                        ": pass a tensor of that shape (any strides, on any device)");
     if (t.scalar_type() != dtype)
       throw FatalError(label + " has dtype " + c10::toString(t.scalar_type()) +
