@@ -322,7 +322,7 @@ TEST_CASE("bad input is refused before anything is written") {
       [&] {
         static_cast<void>(MaterialState(model, points, {{"stress", at::zeros({points, 6})}}));
       },
-      "'stress', which is not a state variable, force, given or fixed input");
+      "'stress', which is not a state variable, force, given or fixed input or older value");
   refused(
       [&] {
         static_cast<void>(
@@ -1021,4 +1021,62 @@ TEST_CASE("a step over a subset of points cuts them as the whole step does") {
   REQUIRE(ok.any().item<bool>());
   test::check_close(rp.outputs.at("x").index({ok}),
                     rw.outputs.at("x").index_select(0, idx).index({ok}), "whole step", 1e-12);
+}
+
+TEST_CASE("a state two steps deep: a partial accept moves x~2 for the accepted points only, and "
+          "a cut point's spans see the span before as theirs") {
+  const auto model = load("scalar_linear_predictor");
+  const test::Reference ref("scalar_backward_euler");
+  const auto s0 = ref.group("s0/in"), s1 = ref.group("s1/in"), s2 = ref.group("s2/in");
+  const auto points = s0.at("a").size(0);
+  REQUIRE(points >= 2);
+  const auto x0 = s0.at("x~1"), t0 = s0.at("t~1");
+  // The values a step before the start: far enough off for the guess to change the bits.
+  const auto x_older = x0 - 3.0, t_older = t0 - 0.01;
+  MaterialState state(model, points, {{"x", x0}, {"t", t0}, {"x~2", x_older}, {"t~2", t_older}});
+  const auto& r0 = state.step({{"a", s0.at("a")}}, s0.at("t"));
+  REQUIRE(r0.failed == 0);
+  const auto x1 = r0.outputs.at("x").clone();
+  const auto even = at::arange(points, at::kLong).remainder(2) == 0;
+  state.accept(even);
+  // By hand: the accepted points one step on, the others where they were.
+  const auto pick = [&](const at::Tensor& moved, const at::Tensor& stayed) {
+    return at::where(even, moved, stayed);
+  };
+  const TensorMap by_hand{{"a", s1.at("a")},
+                          {"t", s1.at("t")},
+                          {"x~1", pick(x1, x0)},
+                          {"x~2", pick(x0, x_older)},
+                          {"t~1", pick(s0.at("t"), t0)},
+                          {"t~2", pick(t0, t_older)}};
+  const auto& r1 = state.step({{"a", s1.at("a")}}, s1.at("t"));
+  CHECK(test::identical(r1.outputs, model.forward(by_hand)));
+  auto every_point_moved = by_hand; // what a shift of every point's x~2 would give
+  every_point_moved.at("x~2") = x0;
+  every_point_moved.at("t~2") = t0;
+  REQUIRE_FALSE(test::identical(r1.outputs, model.forward(every_point_moved)));
+
+  // A cut point's second span: x~1 and t~1 where its first span ended, x~2 and t~2 where
+  // it began (the step's start); the first span's x~2 and t~2 the step's, given here.
+  const ScalarCase c;
+  const auto x_before = c.in.at("x~1") * 0.5, t_before = c.in.at("t~1") - 1.0;
+  MaterialState cut(
+      model, c.rows,
+      {{"x", c.in.at("x~1")}, {"t", c.in.at("t~1")}, {"x~2", x_before}, {"t~2", t_before}});
+  const auto& rc = cut.step({{"a", c.in.at("a")}}, c.in.at("t"), {.max_cuts = 3});
+  const auto once = (rc.substeps == 2).nonzero().squeeze(1);
+  REQUIRE(once.numel() > 0);
+  const auto at_once = [&](const at::Tensor& t) { return t.index_select(0, once); };
+  const auto xa = at_once(c.in.at("x~1")), ta = at_once(c.in.at("t~1")), tb = at_once(c.in.at("t")),
+             a = at_once(c.in.at("a"));
+  const auto tm = ta + (tb - ta) * 0.5;
+  const auto first = model.forward({{"a", a},
+                                    {"t", tm},
+                                    {"x~1", xa},
+                                    {"x~2", at_once(x_before)},
+                                    {"t~1", ta},
+                                    {"t~2", at_once(t_before)}});
+  const auto second = model.forward(
+      {{"a", a}, {"t", tb}, {"x~1", first.at("x")}, {"x~2", xa}, {"t~1", tm}, {"t~2", ta}});
+  test::check_close(at_once(rc.outputs.at("x")), second.at("x"), "two spans by hand", 1e-12);
 }

@@ -139,8 +139,9 @@ struct StepResult {
 class MaterialState {
 public:
   /// N points, on the model's first device in its dtype. `initial` may set the start of
-  /// any state variable (by its name `x`), force (`f`, its last value) or fixed input
-  /// (`h~1`): `(N, ...)` or broadcast to it; the rest start at 0. Throws FatalError.
+  /// any state variable (by its name `x`), force (`f`, its last value), fixed input
+  /// (`h~1`), given input (`g`, a cut's start) or older value (`x~2`, ...): `(N, ...)` or
+  /// broadcast to it; the rest start at 0 (older values at `x`'s start). Throws FatalError.
   MaterialState(const AnyDispatchedModel& model, std::int64_t points,
                 const TensorMap& initial = {});
   /// Waits for a submitted step still running.

@@ -25,8 +25,8 @@ bool contains(const std::vector<std::string>& names, const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
-std::string old_name(const std::string& name, int k = 1) {
-  return name + "~" + std::to_string(k);
+std::string old_name(const std::string& name) {
+  return name + "~1";
 }
 
 // `name` as `base~k` (k >= 1), or {name, 0} without a history suffix.
@@ -101,13 +101,10 @@ at::Tensor guess(const std::string& x, const TensorMap& start, const TensorMap& 
 // Newton's guess the start, or extrapolated (guess()).
 TensorMap step_inputs(const AnyDispatchedModel& model, const StateRoles& roles,
                       const TensorMap& start, const TensorMap& forces, const TensorMap& before,
-                      const std::map<std::string, std::vector<at::Tensor>>& older) {
+                      const detail::OlderValues& older) {
   TensorMap in;
   const auto& inputs = model.input_names();
-  for (const auto& [n, values] : older) // x~2, x~3, ...: the starts before
-    for (std::size_t j = 0; j < values.size(); ++j)
-      if (const auto name = old_name(n, static_cast<int>(j) + 2); contains(inputs, name))
-        in.emplace(name, values[j]);
+  detail::add_older_inputs(in, model, older); // x~2, x~3, ...: the starts before
   for (const auto& x : roles.state) {
     in.emplace(old_name(x), start.at(x));
     if (contains(inputs, x))
@@ -189,13 +186,17 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
   for (const auto& names : {_roles.forces, _roles.given, _roles.fixed})
     for (const auto& n : names)
       _shapes.emplace(n, inputs.at(n));
+  std::vector<std::string> older; // x~2, ... by name
+  for (const auto& [n, depth] : _roles.depth)
+    for (int k = 2; k <= depth; ++k)
+      older.push_back(n + "~" + std::to_string(k));
   for (const auto& [name, value] : initial)
-    if (!_shapes.count(name))
+    if (!_shapes.count(name) && !contains(older, name))
       throw FatalError(fmt::format(
           "MaterialState: an initial value for '{}', which is not a state variable, force, "
-          "given or fixed input of this model; it has state {}, forces {}, given inputs {} and "
-          "fixed inputs {}",
-          name, _roles.state, _roles.forces, _roles.given, _roles.fixed));
+          "given or fixed input or older value of this model; it has state {}, forces {}, "
+          "given inputs {}, fixed inputs {} and older values {}",
+          name, _roles.state, _roles.forces, _roles.given, _roles.fixed, older));
   TensorMap start;
   for (const auto& names : {_roles.state, _roles.forces, _roles.fixed})
     for (const auto& n : names) {
@@ -211,8 +212,15 @@ MaterialState::MaterialState(const AnyDispatchedModel& model, std::int64_t point
       _given_start.emplace(g, as_points(it->second, points, _shapes.at(g), _options,
                                         "MaterialState: the initial value of", g)
                                   .clone());
-  for (const auto& [n, depth] : _roles.depth) // before the first step: the initial value
-    _older.emplace(n, std::vector<at::Tensor>(static_cast<std::size_t>(depth - 1), _start.at(n)));
+  for (const auto& [n, depth] : _roles.depth) // before the first step: as given, or the start
+    for (int k = 2; k <= depth; ++k) {
+      const auto it = initial.find(n + "~" + std::to_string(k));
+      _older[n].push_back(it == initial.end()
+                              ? _start.at(n)
+                              : as_points(it->second, points, _shapes.at(n), _options,
+                                          "MaterialState: the initial value of", it->first)
+                                    .clone());
+    }
   _all_converged = at::ones({points}, _options.dtype(at::kBool));
   _one_substep = at::ones({points}, _options.dtype(at::kLong));
   _no_failures = at::zeros({points}, _options.dtype(at::kChar));
@@ -366,20 +374,24 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
   const auto rows = step_rows(options);
   const auto subset =
       options.points.defined() ? options.points.to(_options.device()) : at::Tensor();
-  const auto gather = [&](const TensorMap& all) {
-    TensorMap some;
-    for (const auto& [n, value] : all)
-      some.emplace(n, value.index_select(0, subset));
-    return some;
-  };
-  const auto start = subset.defined() ? gather(_start) : _start;
-  const auto before = subset.defined() ? gather(_before) : _before;
-  const auto given_start = subset.defined() ? gather(_given_start) : _given_start;
-  auto older = _older;
-  if (subset.defined())
-    for (auto& [n, values] : older)
-      for (auto& v : values)
-        v = v.index_select(0, subset);
+  TensorMap start_rows, before_rows, given_rows;
+  detail::OlderValues older_rows;
+  if (subset.defined()) {
+    const auto gather = [&](const TensorMap& all, TensorMap& some) {
+      for (const auto& [n, value] : all)
+        some.emplace(n, value.index_select(0, subset));
+    };
+    gather(_start, start_rows);
+    gather(_before, before_rows);
+    gather(_given_start, given_rows);
+    for (const auto& [n, values] : _older)
+      for (const auto& v : values)
+        older_rows[n].push_back(v.index_select(0, subset));
+  }
+  const auto& start = subset.defined() ? start_rows : _start;
+  const auto& before = subset.defined() ? before_rows : _before;
+  const auto& given_start = subset.defined() ? given_rows : _given_start;
+  const auto& older = subset.defined() ? older_rows : _older;
   const auto inputs = step_inputs(*_model, _roles, start, values,
                                   options.extrapolate ? before : TensorMap{}, older);
   // The checks passed: the trial before goes now, so that its results and this step's are
@@ -481,38 +493,33 @@ at::Tensor MaterialState::selected_points(const at::Tensor& points) const {
 }
 
 void MaterialState::keep_before(const at::Tensor& points, const at::Tensor& rows) {
+  // `kept` with the accepted points' rows replaced by `now`'s (rows `at` of it): a new
+  // tensor; `now` itself when every point is accepted.
+  const auto replaced = [&](const at::Tensor& kept, const at::Tensor& now, const at::Tensor& at) {
+    return points.defined() ? kept.index_copy(0, points, now.index_select(0, at)) : now;
+  };
   // x~k (k > 1) take the older starts one place back, x~2 the start as it is.
   for (auto& [n, values] : _older)
-    for (auto j = values.size(); j-- > 0;) {
-      const auto& newer = j == 0 ? _start.at(n) : values[j - 1];
-      values[j] =
-          points.defined() ? values[j].index_copy(0, points, newer.index_select(0, points)) : newer;
-    }
+    for (auto j = values.size(); j-- > 0;)
+      values[j] = replaced(values[j], j == 0 ? _start.at(n) : values[j - 1], points);
   // A cut interpolates given inputs from their last accepted value (NaN: none yet).
   if (_cutting)
     for (const auto& g : _roles.given) {
-      const auto& now = _forces.at(g);
-      if (!points.defined()) {
-        _given_start.insert_or_assign(g, now);
-        continue;
-      }
-      auto kept = _given_start.count(g)
-                      ? _given_start.at(g)
-                      : at::full(with_rows(_points, {&_shapes.at(g)}),
-                                 std::numeric_limits<double>::quiet_NaN(), _options);
-      _given_start.insert_or_assign(g, kept.index_copy(0, points, now.index_select(0, rows)));
+      const auto none = [&] {
+        return at::full(with_rows(_points, {&_shapes.at(g)}),
+                        std::numeric_limits<double>::quiet_NaN(), _options);
+      };
+      const auto kept = _given_start.count(g) ? _given_start.at(g) : none();
+      _given_start.insert_or_assign(g, replaced(kept, _forces.at(g), rows));
     }
   if (!_extrapolating) // kept only for a host that extrapolates: it holds a state's worth
     return;
-  for (auto n : _roles.state) {
+  auto names = _roles.state;
+  if (_start.count("t"))
+    names.push_back("t");
+  for (const auto& n : names) {
     const auto& now = _start.at(n);
-    auto& kept = _before.try_emplace(n, now).first->second;
-    kept = points.defined() ? kept.index_copy(0, points, now.index_select(0, points)) : now;
-  }
-  if (_start.count("t")) {
-    const auto& now = _start.at("t");
-    auto& kept = _before.try_emplace("t", now).first->second;
-    kept = points.defined() ? kept.index_copy(0, points, now.index_select(0, points)) : now;
+    _before.insert_or_assign(n, replaced(_before.count(n) ? _before.at(n) : now, now, points));
   }
 }
 

@@ -71,6 +71,16 @@ void flag_failures(const AnyDispatchedModel& model, PointsEvaluation& e,
                     .masked_fill_(~finite, std::numeric_limits<double>::quiet_NaN());
 }
 
+void add_older_inputs(TensorMap& in, const AnyDispatchedModel& model, const OlderValues& older,
+                      const at::Tensor& rows) {
+  const auto& names = model.input_names();
+  for (const auto& [n, values] : older)
+    for (std::size_t j = 0; j < values.size(); ++j)
+      if (const auto name = n + "~" + std::to_string(j + 2);
+          std::find(names.begin(), names.end(), name) != names.end())
+        in.emplace(name, rows.defined() ? values[j].index_select(0, rows) : values[j]);
+}
+
 void fill_failed(StepResult& result, const at::Tensor& failed) {
   for (auto& [y, value] : result.outputs)
     value.index_fill_(0, failed, std::numeric_limits<double>::quiet_NaN());
@@ -124,7 +134,7 @@ public:
         const auto end = step.forces.at(g).index_select(0, points);
         const auto start = step.given_start.at(g).index_select(0, points);
         _g0.emplace(g, at::where(at::isnan(start), end, start)); // NaN: none accepted yet
-        _f1.emplace(g, step.forces.at(g).index_select(0, points));
+        _f1.emplace(g, end);
       } else
         _held.emplace(g, step.forces.at(g).index_select(0, points));
     for (const auto& [n, values] : step.older)
@@ -172,25 +182,22 @@ private:
       if (_guess.at(x))
         in.emplace(x, v);
     }
+    // A force (and an interpolated given input) at the fraction w of the step; the ends
+    // exactly as given: a span that ends the step ends at the step's forces.
+    const auto at_fraction = [&](const at::Tensor& from, const std::string& f, double w) {
+      const auto start = from.index_select(0, rows), end = _f1.at(f).index_select(0, rows);
+      return w == 1.0 ? end : w == 0.0 ? start : start + (end - start) * w;
+    };
     for (const auto& [f, f0] : _f0) {
-      const auto start = f0.index_select(0, rows), end = _f1.at(f).index_select(0, rows);
-      // The ends exactly as given: a span that ends the step ends at the step's forces.
-      in.emplace(f, b == 1.0 ? end : start + (end - start) * b);
-      in.emplace(f + "~1", a == 0.0 ? start : start + (end - start) * a);
+      in.emplace(f, at_fraction(f0, f, b));
+      in.emplace(f + "~1", at_fraction(f0, f, a));
     }
-    for (const auto& [g, g0] : _g0) {
-      const auto start = g0.index_select(0, rows), end = _f1.at(g).index_select(0, rows);
-      in.emplace(g, b == 1.0 ? end : start + (end - start) * b);
-    }
+    for (const auto& [g, g0] : _g0)
+      in.emplace(g, at_fraction(g0, g, b));
     for (const auto& [g, value] : _held)
       in.emplace(g, value.index_select(0, rows));
     // x~k (k > 1): the starts of the spans before, the step's own before its first span.
-    const auto& names = _step.model.input_names();
-    for (const auto& [n, values] : _older)
-      for (std::size_t j = 0; j < values.size(); ++j)
-        if (const auto name = n + "~" + std::to_string(j + 2);
-            std::find(names.begin(), names.end(), name) != names.end())
-          in.emplace(name, values[j].index_select(0, rows));
+    add_older_inputs(in, _step.model, _older, rows);
     return in;
   }
 
@@ -303,7 +310,7 @@ private:
   at::Tensor _points;
   std::int64_t _m;
   TensorMap _x, _f0, _f1, _g0, _held; // per cut point: the state where it is, the forces' ends
-  std::map<std::string, std::vector<at::Tensor>> _older; // x~2, ... where each point is
+  OlderValues _older;                 // x~2, ... where each point is
   std::map<std::string, bool> _guess;
   TensorMap _out;                       // at the step's end (NaN until reached)
   VariablePairJacobian _J;              // the same for the derivatives

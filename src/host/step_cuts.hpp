@@ -31,6 +31,14 @@ void flag_failures(const AnyDispatchedModel& model, PointsEvaluation& e,
 /// NaN into the rows `failed` of `result`'s outputs and derivatives.
 void fill_failed(StepResult& result, const at::Tensor& failed);
 
+/// Older values by state variable or force `x`: `x~2`, `x~3`, ... (StateRoles::depth).
+using OlderValues = std::map<std::string, std::vector<at::Tensor>>;
+
+/// The older values `model` takes as inputs into `in` (rows `rows` of them; all when
+/// undefined).
+void add_older_inputs(TensorMap& in, const AnyDispatchedModel& model, const OlderValues& older,
+                      const at::Tensor& rows = {});
+
 /// What the points of a step start from and go to.
 struct StepEnds {
   const AnyDispatchedModel& model;
@@ -39,7 +47,7 @@ struct StepEnds {
   const TensorMap& start;       // the state's start(), (N, ...)
   const TensorMap& forces;      // the step's forces and given inputs, (N, ...)
   const TensorMap& given_start; // given inputs as last accepted (those the state keeps)
-  const std::map<std::string, std::vector<at::Tensor>>& older; // x~2, ... by x
+  const OlderValues& older;     // x~2, ... by x
 };
 
 /// Retries `points` (int64 indices of points whose step failed) over spans of their step
