@@ -999,7 +999,7 @@ TEST_CASE("a step over a subset of points: forces and start gathered by its indi
         },
         part_of_message);
   };
-  bad(at::tensor(std::vector<std::int64_t>{1, 1}), "name a point twice");
+  bad(at::tensor(std::vector<std::int64_t>{3, 1, 3}), "name point 3 more than once");
   bad(at::tensor(std::vector<std::int64_t>{1, points}), "run from 1 to 20");
   bad(at::tensor(std::vector<std::int32_t>{1}), "pass 1-d int64 indices");
 }

@@ -320,9 +320,14 @@ void MaterialState::check_step_points(const StepOptions& options) const {
     throw FatalError(fmt::format("MaterialState::step(): the step's points run from {} to {}; "
                                  "this state has points 0 to {}",
                                  low, high, _points - 1));
-  if (std::get<0>(at::_unique(p)).numel() != p.numel())
-    throw FatalError("MaterialState::step(): the step's points name a point twice; give each "
-                     "point once");
+  const auto sorted = std::get<0>(p.sort());
+  const auto twice =
+      sorted.narrow(0, 1, p.size(0) - 1)
+          .masked_select(sorted.narrow(0, 1, p.size(0) - 1) == sorted.narrow(0, 0, p.size(0) - 1));
+  if (twice.numel() > 0)
+    throw FatalError(fmt::format("MaterialState::step(): the step's points name point {} more "
+                                 "than once; give each point once",
+                                 twice[0].item<std::int64_t>()));
   if (options.into.points.defined())
     throw FatalError("MaterialState::step(): points given twice, as StepOptions::points and as "
                      "the host layout's; give StepOptions::points alone (the layout's rows are "
