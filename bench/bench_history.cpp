@@ -5,12 +5,14 @@
 // `<runtime>_<model>/POINTS`: runtime `peer` (NEML2's runtime, the inputs rebuilt every
 // step from the last outputs), `hand` (DispatchedModel driven by the same loop), `state`
 // (MaterialState: step, accept) or `extrapolated` (the same, Newton's guess extrapolated
-// from the step before: StepOptions::extrapolate); model `elasticity` (explicit), `perzyna`
+// from the step before: StepOptions::extrapolate) or `chord` (the state's steps with
+// StepOptions::chord); model `elasticity` (explicit), `perzyna`
 // (rate-dependent flow), `j2` (radial return, isotropic hardening), `chaboche` (four unknowns, two
 // back stresses) or `gtn` (porous: three unknowns, voids growing from 0.01). Items are point-steps.
 // A strain ramp (uniaxial stress; uniaxial strain for GTN), its size spread 0.5x to 1.5x across the
 // points, to several times yield. NEML2_DISPATCH_BENCH_THREADS sets the intra-op threads (default
-// 1, single_thread_main.cpp).
+// 1, single_thread_main.cpp). Ours also count each graph's rows per point-step (counters
+// `residual`, `jacobian`, ...: one more history, untimed, under the graph-call observer).
 
 #include <array>
 #include <filesystem>
@@ -21,6 +23,8 @@
 #include <neml2/csrc/dispatchers/SimpleScheduler.h>
 #include <neml2/csrc/dispatchers/factory.h>
 #include <neml2/dispatch.hpp>
+
+#include "graph/graph_calls.hpp" // the library's private hook: graph calls counted
 
 namespace {
 
@@ -99,22 +103,22 @@ at::Tensor drive(const Model& model, const neml2::Artifact& artifact, const Scen
 }
 
 at::Tensor drive_state(neml2::MaterialState& state, const Scenario& s, const Loading& load,
-                       std::int64_t points, bool extrapolate) {
+                       std::int64_t points, const neml2::StepOptions& options) {
   const bool timed = !state.roles().forces.empty() || !state.roles().given.empty();
   for (int n = 1; n <= steps; ++n) {
     const neml2::TensorMap forces{{s.strain, load.strain(n)}};
     const auto has_time = std::find(state.roles().forces.begin(), state.roles().forces.end(),
                                     "t") != state.roles().forces.end();
     if (timed && has_time)
-      state.step(forces, load.time(n, points), {.extrapolate = extrapolate});
+      state.step(forces, load.time(n, points), options);
     else
-      state.step(forces, {.extrapolate = extrapolate});
+      state.step(forces, options);
     state.accept();
   }
   return state.start().empty() ? at::Tensor() : state.start().begin()->second;
 }
 
-enum class Runtime { peer, hand, state, extrapolated };
+enum class Runtime { peer, hand, state, extrapolated, chord };
 
 void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
   const auto points = bench.range(0);
@@ -125,6 +129,17 @@ void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
     for (auto _ : bench)
       benchmark::DoNotOptimize(once());
     bench.SetItemsProcessed(bench.iterations() * points * steps);
+    if (runtime == Runtime::peer)
+      return;
+    std::map<std::string, double> rows; // by graph: `<model>_<graph>.pt2`
+    neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
+      const auto name = std::filesystem::path(file).stem().string();
+      rows[name.substr(name.rfind('_') + 1)] += static_cast<double>(n);
+    });
+    benchmark::DoNotOptimize(once());
+    neml2::detail::observe_graph_calls({});
+    for (const auto& [graph, n] : rows)
+      bench.counters[graph] = n / static_cast<double>(points * steps);
   };
   if (runtime == Runtime::peer) {
     auto model = neml2::aoti::load_model(stub(s), s.model,
@@ -143,7 +158,9 @@ void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
     initial.emplace(s.voids, at::full({points}, initial_voids, at::kDouble));
   run([&] {
     neml2::MaterialState state(model, points, initial);
-    return drive_state(state, s, load, points, runtime == Runtime::extrapolated);
+    return drive_state(
+        state, s, load, points,
+        {.extrapolate = runtime == Runtime::extrapolated, .chord = runtime == Runtime::chord});
   });
 }
 
@@ -151,7 +168,8 @@ const bool registered = [] {
   const std::pair<Runtime, const char*> runtimes[] = {{Runtime::peer, "peer"},
                                                       {Runtime::hand, "hand"},
                                                       {Runtime::state, "state"},
-                                                      {Runtime::extrapolated, "extrapolated"}};
+                                                      {Runtime::extrapolated, "extrapolated"},
+                                                      {Runtime::chord, "chord"}};
   for (std::size_t m = 0; m < std::size(scenarios); ++m)
     for (const auto& [runtime, label] : runtimes)
       benchmark::RegisterBenchmark((std::string(label) + "_" + names[m]).c_str(), history, runtime,

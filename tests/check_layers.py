@@ -27,6 +27,7 @@ PUBLIC_HEADERS = {
     "tensor_map.hpp": "core",
     "version.hpp": "core",  # generated in the build tree (cmake/version.hpp.in)
     "artifact.hpp": "artifact",
+    "newton_factors.hpp": "implicit",  # the chord's slots, kept by a caller between calls
     # the caller's tensors for a call's results, in slot order: the positional form of
     # graph/call.hpp, beside BoundCall
     "detail/destinations.hpp": "graph",

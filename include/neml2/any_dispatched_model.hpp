@@ -19,6 +19,7 @@
 #include <neml2/artifact.hpp>
 #include <neml2/dispatch_fwd.hpp>
 #include <neml2/errors.hpp>
+#include <neml2/newton_factors.hpp>
 #include <neml2/observer.hpp>
 #include <neml2/prepared_call.hpp>
 #include <neml2/session.hpp>
@@ -78,6 +79,12 @@ public:
   /// dL/d(parameter) for L = sum of <cotangent, output>, summed over the batch (per row
   /// for a batched parameter).
   [[nodiscard]] TensorMap param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const;
+  /// forward() with each point's Newton factors kept in `factors` from call to call: the
+  /// chord (NewtonFactors).
+  [[nodiscard]] TensorMap forward(const TensorMap& inputs, NewtonFactors& factors) const;
+  /// jacobian() with the chord's `factors` (NewtonFactors).
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian> jacobian(const TensorMap& inputs,
+                                                                    NewtonFactors& factors) const;
   ///@}
 
   /// @name Evaluation into the caller's tensors: one per result, keyed as the results
@@ -96,6 +103,12 @@ public:
   /// jvp(), into `outputs` and `output_tangents`.
   void jvp_into(const TensorMap& inputs, const TensorMap& tangents, const TensorMap& outputs,
                 const TensorMap& output_tangents) const;
+  /// forward_into() with the chord's `factors` (NewtonFactors).
+  void forward_into(const TensorMap& inputs, const TensorMap& outputs,
+                    NewtonFactors& factors) const;
+  /// jacobian_into() with the chord's `factors` (NewtonFactors).
+  void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                     const VariablePairJacobian& J, NewtonFactors& factors) const;
   /// jacobian(), into `outputs` and the blocks `J`.
   void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
                      const VariablePairJacobian& J) const;

@@ -70,9 +70,24 @@ public:
   [[nodiscard]] TensorMap param_vjp(const TensorMap& inputs, const TensorMap& cotangents) const {
     return Calls::param_vjp(dispatch(), inputs, cotangents);
   }
+  /// @copydoc AnyDispatchedModel::forward(const TensorMap&, NewtonFactors&) const
+  [[nodiscard]] TensorMap forward(const TensorMap& inputs, NewtonFactors& factors) const {
+    return Calls::forward(dispatch(), inputs, &factors);
+  }
+  /// @copydoc AnyDispatchedModel::jacobian(const TensorMap&, NewtonFactors&) const
+  [[nodiscard]] std::pair<TensorMap, VariablePairJacobian> jacobian(const TensorMap& inputs,
+                                                                    NewtonFactors& factors) const {
+    return Calls::jacobian(dispatch(), inputs, &factors);
+  }
   /// @copydoc AnyDispatchedModel::forward_into
   void forward_into(const TensorMap& inputs, const TensorMap& outputs) const {
     Calls::into(dispatch(), Operation::forward, inputs, nullptr, outputs, {}, {});
+  }
+  /// @copydoc AnyDispatchedModel::forward_into(const TensorMap&, const TensorMap&, NewtonFactors&)
+  /// const
+  void forward_into(const TensorMap& inputs, const TensorMap& outputs,
+                    NewtonFactors& factors) const {
+    Calls::into(dispatch(), Operation::forward, inputs, nullptr, outputs, {}, {}, &factors);
   }
   /// @copydoc AnyDispatchedModel::jvp_into
   void jvp_into(const TensorMap& inputs, const TensorMap& tangents, const TensorMap& outputs,
@@ -83,6 +98,12 @@ public:
   void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
                      const VariablePairJacobian& J) const {
     Calls::into(dispatch(), Operation::jacobian, inputs, nullptr, outputs, {}, J);
+  }
+  /// @copydoc AnyDispatchedModel::jacobian_into(const TensorMap&, const TensorMap&, const
+  /// VariablePairJacobian&, NewtonFactors&) const
+  void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                     const VariablePairJacobian& J, NewtonFactors& factors) const {
+    Calls::into(dispatch(), Operation::jacobian, inputs, nullptr, outputs, {}, J, &factors);
   }
   /// @copydoc AnyDispatchedModel::param_jacobian_into
   void param_jacobian_into(const TensorMap& inputs, const TensorMap& outputs,

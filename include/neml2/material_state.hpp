@@ -17,6 +17,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <neml2/dispatch_fwd.hpp>
+#include <neml2/newton_factors.hpp>
 #include <neml2/submitted.hpp>
 
 namespace neml2 {
@@ -91,6 +92,12 @@ struct StepOptions {
   /// points of its own), and accept() moves the converged ones; the other points keep
   /// their start.
   at::Tensor points;
+  /// Chord Newton (NewtonFactors): each point steps from the factored Newton matrix it
+  /// took last, in an earlier step too (the state keeps one a point: 8 (1 + n + n^2) bytes
+  /// for n unknowns), and takes A again only where its residual stops falling fast enough
+  /// (SolverConfig::chord_rate). Results meet Newton's test, so they agree with the
+  /// default's within its tolerance (docs/hosts.md). Cut points' spans run plain Newton.
+  bool chord = false;
 };
 
 /// What a step found. The state never writes its tensors again (an accepted trial becomes
@@ -207,8 +214,8 @@ private:
   void check_step_points(const StepOptions& options) const;
   void refuse_while_submitted(const char* what) const;
   void check_layout(const HostLayout& into, const StepOptions& options) const;
-  [[nodiscard]] detail::PointsEvaluation evaluate_into(const TensorMap& inputs,
-                                                       const StepOptions& options) const;
+  [[nodiscard]] detail::PointsEvaluation
+  evaluate_into(const TensorMap& inputs, const StepOptions& options, NewtonFactors* factors) const;
 
   const AnyDispatchedModel* _model;
   StateRoles _roles;
@@ -234,6 +241,7 @@ private:
   std::map<std::string, Shape> _input_shapes, _output_shapes; // per point, by public name
   std::vector<std::pair<std::string, std::string>> _pairs;    // (out, in) with derivatives
   std::string _missing_block; // a derivative block cut steps need and the artifact lacks
+  NewtonFactors _factors;     // the chord's, per point (StepOptions::chord)
 };
 
 } // namespace neml2

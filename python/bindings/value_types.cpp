@@ -106,6 +106,10 @@ void bind_solver_config(py::module_& m) {
       .def_readwrite("row_pass", &SolverConfig::row_pass,
                      "on the CPU, Newton's steps as one pass over the rows (True) or as "
                      "tensor operations (False)")
+      .def_readwrite("chord", &SolverConfig::chord,
+                     "chord Newton on the row pass: each point steps from its last factored "
+                     "Newton matrix while its residual falls by chord_rate a step")
+      .def_readwrite("chord_rate", &SolverConfig::chord_rate)
       .def("__repr__", [](const SolverConfig& c) {
         return std::string(py::str("SolverConfig(atol={}, rtol={}, miters={}, ls_type='{}', "
                                    "ls_max_iters={}, ls_cutback={}, ls_c={}, solver_kind='{}')")

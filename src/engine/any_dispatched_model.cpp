@@ -21,6 +21,15 @@ AnyDispatchedModel& AnyDispatchedModel::operator=(AnyDispatchedModel&&) noexcept
 TensorMap AnyDispatchedModel::forward(const TensorMap& inputs) const {
   return Calls::forward(*_dispatcher, inputs);
 }
+
+TensorMap AnyDispatchedModel::forward(const TensorMap& inputs, NewtonFactors& factors) const {
+  return Calls::forward(*_dispatcher, inputs, &factors);
+}
+
+std::pair<TensorMap, VariablePairJacobian>
+AnyDispatchedModel::jacobian(const TensorMap& inputs, NewtonFactors& factors) const {
+  return Calls::jacobian(*_dispatcher, inputs, &factors);
+}
 std::pair<TensorMap, TensorMap> AnyDispatchedModel::jvp(const TensorMap& inputs,
                                                         const TensorMap& tangents) const {
   return Calls::jvp(*_dispatcher, inputs, tangents);
@@ -45,6 +54,17 @@ void AnyDispatchedModel::jvp_into(const TensorMap& inputs, const TensorMap& tang
                                   const TensorMap& output_tangents) const {
   Calls::into(*_dispatcher, Operation::jvp, inputs, &tangents, outputs, output_tangents, {});
 }
+void AnyDispatchedModel::forward_into(const TensorMap& inputs, const TensorMap& outputs,
+                                      NewtonFactors& factors) const {
+  Calls::into(*_dispatcher, Operation::forward, inputs, nullptr, outputs, {}, {}, &factors);
+}
+
+void AnyDispatchedModel::jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
+                                       const VariablePairJacobian& J,
+                                       NewtonFactors& factors) const {
+  Calls::into(*_dispatcher, Operation::jacobian, inputs, nullptr, outputs, {}, J, &factors);
+}
+
 void AnyDispatchedModel::jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
                                        const VariablePairJacobian& J) const {
   Calls::into(*_dispatcher, Operation::jacobian, inputs, nullptr, outputs, {}, J);

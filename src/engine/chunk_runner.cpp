@@ -15,6 +15,7 @@
 #include "core/cpu_lanes.hpp"
 #include "core/device_sync.hpp"
 #include "core/stopwatch.hpp"
+#include "implicit/newton_factors.hpp"
 #include "session/call_protocol.hpp"
 
 namespace neml2::detail {
@@ -139,6 +140,9 @@ BoundRequest bind(const ModelCore::State& core, Request& request) {
                          request.extras ? *request.extras : none, session.named_parameters(), {});
   auto targets =
       request.into ? writable(call, session.dtype(), *request.into) : std::vector<at::Tensor>{};
+  if (request.factors)
+    call.newton_factors =
+        NewtonFactorsAccess::slots(*request.factors, session.artifact(), call.batch);
   return {std::move(call), std::move(targets)};
 }
 

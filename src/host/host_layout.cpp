@@ -95,7 +95,8 @@ void MaterialState::check_layout(const HostLayout& into, const StepOptions& opti
 }
 
 detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
-                                                      const StepOptions& options) const {
+                                                      const StepOptions& options,
+                                                      NewtonFactors* factors) const {
   const auto& into = options.into;
   detail::PointsEvaluation e;
   for (const auto& [y, shape] : _output_shapes) {
@@ -124,8 +125,12 @@ detail::PointsEvaluation MaterialState::evaluate_into(const TensorMap& inputs,
             host.defined() ? host : at::empty(with_rows(step_rows(options), {&shape}), _options);
     }
   try {
-    options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives)
-                        : _model->forward_into(inputs, e.outputs);
+    if (factors)
+      options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives, *factors)
+                          : _model->forward_into(inputs, e.outputs, *factors);
+    else
+      options.derivatives ? _model->jacobian_into(inputs, e.outputs, e.derivatives)
+                          : _model->forward_into(inputs, e.outputs);
     detail::flag_failures(*_model, e, nullptr);
   } catch (const ConvergenceError& error) {
     if (!error.per_row())

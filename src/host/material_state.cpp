@@ -16,6 +16,7 @@
 #include "core/row_shape.hpp"
 #include "engine/placement.hpp"
 #include "host/step_cuts.hpp"
+#include "implicit/newton_factors.hpp"
 
 namespace neml2 {
 using detail::with_rows;
@@ -403,8 +404,21 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
   // never held at once (a failure below leaves no trial).
   _pending = false;
   _result = {};
-  auto e = direct ? evaluate_into(inputs, options)
-                  : detail::evaluate_points(*_model, inputs, options.derivatives);
+  // The chord's factors of the step's points: the state's, or a subset's, put back after.
+  NewtonFactors some_factors;
+  auto* factors = options.chord ? &_factors : nullptr;
+  const auto subset_on_cpu = options.chord && subset.defined() ? subset.cpu() : at::Tensor();
+  if (subset_on_cpu.defined())
+    if (const auto all = detail::NewtonFactorsAccess::slots(_factors, _model->artifact(), _points);
+        all.defined()) {
+      detail::NewtonFactorsAccess::held(some_factors) = all.index_select(0, subset_on_cpu);
+      factors = &some_factors;
+    }
+  auto e = direct ? evaluate_into(inputs, options, factors)
+                  : detail::evaluate_points(*_model, inputs, options.derivatives, factors);
+  if (factors == &some_factors)
+    detail::NewtonFactorsAccess::held(_factors).index_copy_(
+        0, subset_on_cpu, detail::NewtonFactorsAccess::held(some_factors));
   StepResult r;
   at::Tensor failed; // the points that failed, when some did
   if (e.converged.defined()) {

@@ -18,13 +18,14 @@
 namespace neml2::detail {
 
 PointsEvaluation evaluate_points(const AnyDispatchedModel& model, const TensorMap& inputs,
-                                 bool derivatives) {
+                                 bool derivatives, NewtonFactors* factors) {
   PointsEvaluation p;
   try {
     if (!derivatives)
-      p.outputs = model.forward(inputs);
+      p.outputs = factors ? model.forward(inputs, *factors) : model.forward(inputs);
     else
-      std::tie(p.outputs, p.derivatives) = model.jacobian(inputs);
+      std::tie(p.outputs, p.derivatives) =
+          factors ? model.jacobian(inputs, *factors) : model.jacobian(inputs);
     flag_failures(model, p, nullptr);
   } catch (const ConvergenceError& e) {
     if (!e.per_row())

@@ -17,10 +17,12 @@ struct PointsEvaluation {
   bool non_finite = false;
 };
 
-/// forward() (or jacobian(), with `derivatives`) of `inputs`; a per-row ConvergenceError
-/// becomes its results (failed rows NaN) and its mask. Any other error propagates.
+/// forward() (or jacobian(), with `derivatives`) of `inputs`, with the chord's `factors`
+/// when given; a per-row ConvergenceError becomes its results (failed rows NaN) and its
+/// mask. Any other error propagates.
 [[nodiscard]] PointsEvaluation evaluate_points(const AnyDispatchedModel& model,
-                                               const TensorMap& inputs, bool derivatives);
+                                               const TensorMap& inputs, bool derivatives,
+                                               NewtonFactors* factors = nullptr);
 
 /// The points of `e` (its outputs `(N, ...)`) that a per-row ConvergenceError (`error`, or
 /// none) names failed; for an explicit model (no Newton to judge), those with a non-finite

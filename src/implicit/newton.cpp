@@ -235,9 +235,9 @@ std::vector<at::Tensor> graph_args(const std::vector<at::Tensor>& u,
 NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                           const std::vector<at::Tensor>& givens,
                           const std::vector<at::Tensor>& params, const SolverConfig& config,
-                          bool gate_relative) {
+                          bool gate_relative, const at::Tensor& factors) {
   if (runs_on_rows(graphs, u0, config))
-    return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative);
+    return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative, factors);
   WorkingSet w;
   w.u = u0; // the guesses kept: row_failures reads them when a row fails
   w.givens = givens;

@@ -80,10 +80,19 @@ struct NewtonResult {
 ///
 /// On the CPU (double, a direct step, `config.row_pass`), everything between two
 /// graph calls is one pass over the rows (newton_rows.hpp): the solve graph is not called.
+/// There, with `config.chord` or `factors` (each row's factor kept from call to call), the
+/// chord (newton_solve_rows); elsewhere both are ignored.
 [[nodiscard]] NewtonResult newton_solve(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                                         const std::vector<at::Tensor>& givens,
                                         const std::vector<at::Tensor>& params,
-                                        const SolverConfig& config, bool gate_relative = false);
+                                        const SolverConfig& config, bool gate_relative = false,
+                                        const at::Tensor& factors = {});
+
+/// The values of one row's slot for the chord of `n` unknowns: whether it holds a factor,
+/// its LU, its pivots.
+[[nodiscard]] constexpr std::int64_t chord_slot_width(std::int64_t n) {
+  return 1 + n * n + n;
+}
 
 /// How many values newton_solve, solve_with_substeps and gmres have read back to the host
 /// on this thread so far (each one a host synchronization on an accelerator): at most one

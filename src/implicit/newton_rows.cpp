@@ -13,6 +13,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/stopwatch.hpp"
 #include "implicit/row_failures.hpp"
 #include "implicit/row_system.hpp"
 
@@ -22,12 +23,15 @@ namespace {
 class RowNewton {
 public:
   RowNewton(const NewtonGraphs& graphs, const std::vector<at::Tensor>& params,
-            const SolverConfig& config, bool gate_relative)
+            const SolverConfig& config, bool gate_relative, const at::Tensor& factors)
       : _graphs(graphs)
       , _params(params)
       , _config(config)
       , _gate(gate_relative)
-      , _search(config.ls_max_iters > 2) {}
+      , _search(config.ls_max_iters > 2)
+      , _chord((config.chord || factors.defined()) && !_search &&
+               (!graphs.schedule || graphs.schedule->chord_pays()))
+      , _store(factors) {}
 
   NewtonResult solve(std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens) {
     const auto rows = u0.front().size(0);
@@ -56,6 +60,33 @@ public:
     if (rows == 0)
       return result;
 
+    if (_chord) {
+      _slot_width = chord_slot_width(_n);
+      if (!_store.defined())
+        _slot_of.assign(static_cast<std::size_t>(rows), -1);
+      result.iterations = chord_iterations();
+    } else
+      result.iterations = newton_iterations();
+
+    double worst = 0;
+    bool not_finite = false, any_failed = false;
+    for (std::int64_t r = 0; r < rows; ++r)
+      if (!_out_converged[r]) {
+        any_failed = true;
+        not_finite = not_finite || !std::isfinite(_out_norm[r]);
+        worst = std::max(worst, _out_norm[r]);
+      }
+    result.worst_residual = not_finite ? std::numeric_limits<double>::quiet_NaN() : worst;
+    if (any_failed)
+      result.reasons =
+          row_failures(result.converged, result.norm, result.u, u0, givens,
+                       at::from_blob(_singular.data(), {rows}, at::kByte).to(at::kBool));
+    return result;
+  }
+
+private:
+  // NEML2's Newton: A at every iterate that steps.
+  std::int64_t newton_iterations() {
     // Which graph checks the rows: A along for small sets (a second call costs more than A),
     // after a step of a line search (it reads A at the trial point), or where the schedule
     // expects most rows to stay; else the residual alone, and A for the rows that stay.
@@ -63,6 +94,7 @@ public:
       return size() <= first_from_jacobian || (check > 0 && _search) ||
              (_graphs.schedule ? _graphs.schedule->with_a(check) : check > 0);
     };
+    std::int64_t iterations = 0;
     bool has_a = take_a(0);
     auto results = call(has_a ? _graphs.jacobian : _graphs.residual, _u);
     for (std::int64_t it = 0;; ++it) {
@@ -82,33 +114,193 @@ public:
       advance(!_search);
       if (_search)
         line_search();
-      result.iterations = it + 1;
+      iterations = it + 1;
       has_a = take_a(it + 1);
       results = call(has_a ? _graphs.jacobian : _graphs.residual, _u);
     }
-
-    double worst = 0;
-    bool not_finite = false, any_failed = false;
-    for (std::int64_t r = 0; r < rows; ++r)
-      if (!_out_converged[r]) {
-        any_failed = true;
-        not_finite = not_finite || !std::isfinite(_out_norm[r]);
-        worst = std::max(worst, _out_norm[r]);
-      }
-    result.worst_residual = not_finite ? std::numeric_limits<double>::quiet_NaN() : worst;
-    if (any_failed)
-      result.reasons =
-          row_failures(result.converged, result.norm, result.u, u0, givens,
-                       at::from_blob(_singular.data(), {rows}, at::kByte).to(at::kBool));
-    return result;
+    return iterations;
   }
 
-private:
+  // The chord (newton_rows.hpp): the residual graph at every iterate, a step from the row's
+  // kept factor; A (the jacobian graph) only for the rows that have none or refactor.
+  std::int64_t chord_iterations() {
+    std::int64_t iterations = 0;
+    auto results = call(_graphs.residual, _u);
+    for (std::int64_t it = 0;; ++it) {
+      if (chord_pass(results, it) == 0 || refactor() == 0)
+        break;
+      advance(true);
+      iterations = it + 1;
+      results = call(_graphs.residual, _u);
+    }
+    return iterations;
+  }
+
+  // Row `batch_row`'s slot: whether it holds a factor, its LU (n x n), its pivots; nullptr
+  // while a solve without a store has not given the row one.
+  double* slot(std::int64_t batch_row) {
+    if (_store.defined())
+      return _store.data_ptr<double>() + batch_row * _store.stride(0);
+    const auto at = _slot_of[static_cast<std::size_t>(batch_row)];
+    return at < 0 ? nullptr : _pool.data() + at * _slot_width;
+  }
+
+  // Whether row i, at ||r|| = `norm` after a step from ||r|| = _step_norm, should take A:
+  // its residual falls by less than chord_rate a step, or at that rate it would not reach
+  // its tolerance within miters.
+  bool too_slow(std::size_t row, double norm, std::int64_t it) const {
+    const double rate = norm / _step_norm[row];
+    if (!(rate <= _config.chord_rate))
+      return true;
+    const double target = std::max(_config.atol, _config.rtol * _r0[row]);
+    return norm > target &&
+           static_cast<double>(it + 1) + std::log(target / norm) / std::log(rate) >=
+               static_cast<double>(_config.miters);
+  }
+
+  // The chord's check of every row of the working set at the residual graph's `results`:
+  // leaves (as NEML2's Newton) or stays, stepping from its factor (`_du`) or marked to take
+  // A (`_need_a`). A step from an older factor that did not lower ||r|| is taken back first.
+  // Returns how many rows stay.
+  std::int64_t chord_pass(const std::vector<at::Tensor>& results, std::int64_t it) {
+    const Residual b(results, 0);
+    const bool last = it + 1 >= _config.miters;
+    const Groups u(_u);
+    const auto n = _n;
+    _keep.assign(_index.size(), 0);
+    _need_a.assign(_index.size(), 0);
+    _du.resize(static_cast<std::size_t>(size() * n));
+    _step_norm.resize(_index.size());
+    _chorded.resize(_index.size());
+    for_rows(size(), [&](std::int64_t begin, std::int64_t end) {
+      std::vector<double> x(static_cast<std::size_t>(n));
+      std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+      for (auto i = begin; i < end; ++i) {
+        const auto row = static_cast<std::size_t>(i);
+        double* du = _du.data() + i * n;
+        double norm = b.norm(i);
+        if (it > 0 && _chorded[row] != 0 && !(norm < _step_norm[row])) {
+          u.read(i, x.data());
+          for (std::int64_t k = 0; k < n; ++k)
+            x[static_cast<std::size_t>(k)] -= du[k];
+          u.write(i, x.data());
+          norm = _step_norm[row];
+          _chorded[row] = 0;
+          slot(_index[row])[0] = 0;
+          _norm[row] = norm;
+          if (last)
+            finish(u, i, false);
+          else
+            _keep[row] = _need_a[row] = 1;
+          continue;
+        }
+        _norm[row] = norm;
+        if (it == 0)
+          _r0[row] = norm;
+        const bool converged = converged_at(row, norm, it);
+        if (converged || !std::isfinite(norm) || last) {
+          finish(u, i, converged);
+          continue;
+        }
+        _keep[row] = 1;
+        const double* factor = slot(_index[row]);
+        if (factor == nullptr || factor[0] != 1 || (it > 0 && too_slow(row, norm, it))) {
+          _need_a[row] = 1;
+          continue;
+        }
+        b.copy(i, du);
+        for (std::int64_t k = 0; k < n; ++k)
+          pivot[static_cast<std::size_t>(k)] = static_cast<std::int64_t>(factor[1 + n * n + k]);
+        lu_solve(factor + 1, pivot.data(), n, du, 1);
+        _chorded[row] = 1;
+        _step_norm[row] = norm;
+      }
+    });
+    return std::count(_keep.begin(), _keep.end(), 1);
+  }
+
+  // A at the rows marked `_need_a` (the jacobian graph on them alone): each row's factor
+  // into its slot and its Newton step; a singular A fails the row. Returns how many rows
+  // stay.
+  std::int64_t refactor() {
+    std::vector<std::int64_t> rows;
+    for (std::int64_t i = 0; i < size(); ++i)
+      if (_need_a[static_cast<std::size_t>(i)] != 0)
+        rows.push_back(i);
+    if (!rows.empty()) {
+      if (!_store.defined()) // slots for rows that have none
+        for (auto i : rows)
+          if (auto& at = _slot_of[static_cast<std::size_t>(_index[static_cast<std::size_t>(i)])];
+              at < 0) {
+            at = static_cast<std::int64_t>(_pool.size()) / _slot_width;
+            _pool.resize(_pool.size() + static_cast<std::size_t>(_slot_width));
+          }
+      const auto m = static_cast<std::int64_t>(rows.size());
+      std::vector<at::Tensor> results;
+      if (m == size())
+        results = call(_graphs.jacobian, _u);
+      else {
+        auto u = empty_like_rows(_u, m), g = empty_like_rows(_g, m);
+        const Groups from_u(_u), to_u(u), from_g(_g), to_g(g);
+        for (std::int64_t j = 0; j < m; ++j) {
+          to_u.copy_row(j, from_u, rows[static_cast<std::size_t>(j)]);
+          to_g.copy_row(j, from_g, rows[static_cast<std::size_t>(j)]);
+        }
+        results = call(_graphs.jacobian, u, g);
+      }
+      const auto a_blocks = _graphs.a_blocks;
+      const Blocks blocks(results, 0, a_blocks, results.size() - a_blocks);
+      const Residual b(results, a_blocks);
+      const Groups u(_u);
+      const auto n = _n;
+      for_rows(m, [&](std::int64_t begin, std::int64_t end) {
+        std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+        for (auto j = begin; j < end; ++j) {
+          const auto i = rows[static_cast<std::size_t>(j)];
+          const auto row = static_cast<std::size_t>(i);
+          double* factor = slot(_index[row]);
+          blocks.fill(j, factor + 1);
+          if (!lu_factor(factor + 1, n, pivot.data())) {
+            factor[0] = 0;
+            _keep[row] = 0;
+            finish_singular(u, i);
+            continue;
+          }
+          for (std::int64_t k = 0; k < n; ++k)
+            factor[1 + n * n + k] = static_cast<double>(pivot[static_cast<std::size_t>(k)]);
+          factor[0] = 1;
+          double* du = _du.data() + i * n;
+          b.copy(j, du);
+          lu_solve(factor + 1, pivot.data(), n, du, 1);
+          _chorded[row] = 0;
+          _step_norm[row] = _norm[row];
+        }
+      });
+    }
+    return std::count(_keep.begin(), _keep.end(), 1);
+  }
+
   std::int64_t size() const { return static_cast<std::int64_t>(_index.size()); }
 
-  // A graph at unknowns `u` of the working set.
+  // A graph at unknowns `u` of the working set (or of rows of it, given `g`).
   std::vector<at::Tensor> call(const GraphFn& graph, const std::vector<at::Tensor>& u) const {
-    return call_for_rows(graph, graph_args(u, _g, _params));
+    return call(graph, u, _g);
+  }
+  std::vector<at::Tensor> call(const GraphFn& graph, const std::vector<at::Tensor>& u,
+                               const std::vector<at::Tensor>& g) const {
+    if (!_graphs.schedule)
+      return call_for_rows(graph, graph_args(u, g, _params));
+    const auto start = steady_clock::now();
+    auto results = call_for_rows(graph, graph_args(u, g, _params));
+    _graphs.schedule->record_cost(&graph == &_graphs.jacobian, u.front().size(0),
+                                  seconds_since(start));
+    return results;
+  }
+
+  // NEML2's test: row `row` converged at ||r|| = `norm` at check `it`.
+  bool converged_at(std::size_t row, double norm, std::int64_t it) const {
+    return norm < _config.atol ||
+           (it > 0 && norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
   }
 
   // Row i leaves the working set: its unknowns, norm and flag into the batch's result.
@@ -151,12 +343,9 @@ private:
       _norm[row] = norm;
       if (it == 0)
         _r0[row] = norm;
-      const auto converged_at = [&](double x) {
-        return x < _config.atol ||
-               (it > 0 && x < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
-      };
-      const bool converged = converged_at(norm);
-      _undecided[row] = !has_a && converged_at(norm / 2) != converged_at(norm * 2);
+      const bool converged = converged_at(row, norm, it);
+      _undecided[row] =
+          !has_a && converged_at(row, norm / 2, it) != converged_at(row, norm * 2, it);
       if (_undecided[row] != 0)
         return false;
       if (converged || !std::isfinite(norm) || last) {
@@ -250,10 +439,13 @@ private:
     auto g = empty_like_rows(_g, m);
     const Groups old_u(_u), new_u(u), old_g(_g), new_g(g);
     std::vector<std::int64_t> index(from.size());
-    const bool carry_step = _search; // the line search takes du and <b, du> later
+    // The line search takes du and <b, du> later; the chord may take a step back.
+    const bool carry_step = _search || _chord;
     std::vector<double> r0(from.size()), norm(from.size()), slope(from.size()),
         du(carry_step ? from.size() * static_cast<std::size_t>(n) : 0);
-    std::vector<std::uint8_t> gate_ok(from.size()), undecided(from.size());
+    std::vector<std::uint8_t> gate_ok(from.size()), undecided(from.size()),
+        chorded(_chord ? from.size() : 0);
+    std::vector<double> step_norm(_chord ? from.size() : 0);
     for_rows(m, [&](std::int64_t begin, std::int64_t end) {
       std::vector<double> x(static_cast<std::size_t>(n));
       for (auto j = begin; j < end; ++j) {
@@ -271,14 +463,18 @@ private:
           gate_ok[to] = _gate_ok[at];
         }
         new_g.copy_row(j, old_g, i);
-        if (carry_step && !_du.empty()) {
+        if (carry_step && !_du.empty())
           std::copy_n(_du.data() + i * n, n, du.data() + j * n);
+        if (_search && !_slope.empty())
           slope[to] = _slope[at];
-        }
         index[to] = _index[at];
         r0[to] = _r0[at];
         norm[to] = _norm[at];
         undecided[to] = _undecided[at];
+        if (_chord) {
+          chorded[to] = _chorded[at];
+          step_norm[to] = _step_norm[at];
+        }
       }
     });
     _u = std::move(u);
@@ -291,6 +487,10 @@ private:
     if (carry_step) {
       _du = std::move(du);
       _slope = std::move(slope);
+    }
+    if (_chord) {
+      _chorded = std::move(chorded);
+      _step_norm = std::move(step_norm);
     }
   }
 
@@ -384,7 +584,7 @@ private:
   const NewtonGraphs& _graphs;
   const std::vector<at::Tensor>& _params;
   const SolverConfig& _config;
-  const bool _gate, _search;
+  const bool _gate, _search, _chord;
 
   // The working set: unknowns (ours, updated in place) and givens per group, each row's
   // batch row, first and last ||r||, whether its last update passes the gate, whether it
@@ -395,6 +595,16 @@ private:
   std::vector<double> _r0, _norm, _du, _slope;
   std::vector<std::uint8_t> _gate_ok, _keep, _undecided;
   std::vector<std::uint8_t> _singular; // per batch row: failed at a singular A
+
+  // The chord: the caller's slots `(B, width)` (a row's at its batch row), or this solve's
+  // own (`_pool`, a row's at `_slot_of`); per row of the working set, whether its last step
+  // came from an older factor, ||r|| where that step started, whether it takes A.
+  at::Tensor _store;
+  std::int64_t _slot_width = 0;
+  std::vector<double> _pool;
+  std::vector<std::int64_t> _slot_of;
+  std::vector<std::uint8_t> _chorded, _need_a;
+  std::vector<double> _step_norm;
 
   std::unique_ptr<Groups> _out;
   double* _out_norm = nullptr;
@@ -424,8 +634,8 @@ bool runs_on_rows(const NewtonGraphs& graphs, std::span<const at::Tensor> u,
 NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                                const std::vector<at::Tensor>& givens,
                                const std::vector<at::Tensor>& params, const SolverConfig& config,
-                               bool gate_relative) {
-  return RowNewton(graphs, params, config, gate_relative).solve(std::move(u0), givens);
+                               bool gate_relative, const at::Tensor& factors) {
+  return RowNewton(graphs, params, config, gate_relative, factors).solve(std::move(u0), givens);
 }
 
 } // namespace neml2::detail

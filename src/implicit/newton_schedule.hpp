@@ -6,7 +6,8 @@
 // and A in one call) where most stay. The two graphs' residuals can differ in the last bits
 // (models/gtn_viscoplasticity.i's do), so the residual graph alone decides only rows well
 // clear of their tolerance (newton_rows.cpp): the choice changes what a solve costs, not
-// which iterate a row ends at. Private to src/implicit/.
+// which iterate a row ends at. It also keeps what each graph costs a row, from which the
+// chord (newton_rows.hpp) judges whether it pays. Private to src/implicit/.
 
 #include <array>
 #include <atomic>
@@ -16,6 +17,16 @@ namespace neml2::detail {
 
 /// For tests: every check takes A (1), none does (0), or the schedule decides (-1).
 inline std::atomic<int> forced_newton_schedule{-1};
+
+/// The chord pays where A (the jacobian graph) costs a row more than this many residuals.
+inline constexpr double chord_pays_above = 3;
+
+/// Whether the chord pays at these costs a row (seconds; 0: not measured yet, when it is
+/// assumed to).
+[[nodiscard]] inline bool chord_pays(double residual_per_row, double jacobian_per_row) {
+  return !(residual_per_row > 0 && jacobian_per_row > 0) ||
+         jacobian_per_row > chord_pays_above * residual_per_row;
+}
 
 class NewtonSchedule {
 public:
@@ -46,12 +57,32 @@ public:
     share.store(static_cast<std::uint32_t>(now + (seen - now) / 4), std::memory_order_relaxed);
   }
 
+  /// Calls of fewer rows do not tell what a row costs (the call's own cost dominates).
+  static constexpr std::int64_t costed_rows = 256;
+
+  /// A call of the residual (or jacobian) graph on `rows` rows took `seconds`: the cost a
+  /// row, averaged over recent calls of at least `costed_rows` (each weighs a quarter).
+  void record_cost(bool jacobian, std::int64_t rows, double seconds) {
+    if (rows < costed_rows)
+      return;
+    auto& cost = jacobian ? _jacobian_cost : _residual_cost;
+    const auto now = cost.load(std::memory_order_relaxed);
+    const auto seen = seconds / static_cast<double>(rows);
+    cost.store(now > 0 ? now + (seen - now) / 4 : seen, std::memory_order_relaxed);
+  }
+  /// chord_pays at the costs measured.
+  [[nodiscard]] bool chord_pays() const {
+    return detail::chord_pays(_residual_cost.load(std::memory_order_relaxed),
+                              _jacobian_cost.load(std::memory_order_relaxed));
+  }
+
 private:
   static constexpr std::int64_t one = 1 << 16, half = one / 2;
   static std::size_t slot(std::int64_t k) {
     return static_cast<std::size_t>(k < static_cast<std::int64_t>(tracked) ? k : tracked - 1);
   }
-  std::array<std::atomic<std::uint32_t>, tracked> _stayed; // in 1/65536 of the rows
+  std::array<std::atomic<std::uint32_t>, tracked> _stayed;  // in 1/65536 of the rows
+  std::atomic<double> _residual_cost{0}, _jacobian_cost{0}; // seconds a row
 };
 
 } // namespace neml2::detail

@@ -86,8 +86,9 @@ private:
     NewtonGraphs newton;
     GraphFn predictor, jacobian_given, solve_ift, dr_dparam, solve_param;
     std::vector<std::size_t> params;
-    std::size_t a_blocks = 0;     // residual groups x unknown groups (of the jacobian graph)
-    std::size_t given_blocks = 0; // residual groups x given groups
+    std::size_t a_blocks = 0;      // residual groups x unknown groups (of the jacobian graph)
+    std::size_t given_blocks = 0;  // residual groups x given groups
+    std::int64_t chord_first = -1; // its slot in a NewtonFactors row (factor_columns)
     SubstepPlan substeps;
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;

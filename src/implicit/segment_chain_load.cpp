@@ -14,6 +14,7 @@
 #include "graph/graph.hpp"
 #include "implicit/block_groups.hpp"
 #include "implicit/chain_state.hpp"
+#include "implicit/newton_factors.hpp"
 #include "implicit/segment_chain.hpp"
 
 namespace neml2::detail {
@@ -167,6 +168,8 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load_gra
     return positions;
   };
 
+  const auto chord = factor_columns(artifact);
+  std::size_t implicit_steps = 0;
   for (const auto& segment : artifact.segments) {
     if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
       // Intermediate variables' shapes are not in metadata.json: counts only, shapes at
@@ -192,6 +195,7 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load_gra
       per_row[u.name] = per_row_shape(u.sub_batch_shape, u.base_shape);
     ImplicitStep step;
     step.segment = &s;
+    step.chord_first = chord.first[implicit_steps++];
     step.params = params_of(s.param_inputs);
     // What each Newton graph takes: the groups packed (B, width), A's blocks (B, r, u)
     // residual by unknown, B's (B, r, g), the parameters as stored (per row for dr_dparam).
@@ -373,6 +377,10 @@ void SegmentChain::set_solver_config(const SolverConfig& config) {
     fail("krylov." + why->substr(0, why->find(' ')), why->substr(why->find(' ') + 1));
   if (!(config.compact_below >= 0 && config.compact_below <= 1))
     fail("compact_below", fmt::format("is {}; it must be within [0, 1]", config.compact_below));
+  if (!(config.chord_rate > 0 && config.chord_rate < 1))
+    fail("chord_rate", fmt::format("is {}; it must be within (0, 1): the least fall of ||r|| a "
+                                   "chord step must bring",
+                                   config.chord_rate));
   _config = config;
 }
 

@@ -87,11 +87,11 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
                                  const std::vector<at::Tensor>& givens,
                                  const std::vector<at::Tensor>& params, const SolverConfig& config,
                                  const SubstepPlan& plan, const DerivativeFn& du_dg,
-                                 std::int64_t extra_columns) {
+                                 std::int64_t extra_columns, const at::Tensor& factors) {
   if (plan.max_level <= 0)
-    return newton_solve(graphs, std::move(u0), givens, params, config);
+    return newton_solve(graphs, std::move(u0), givens, params, config, false, factors);
   const auto guesses = u0;
-  auto result = newton_solve(graphs, std::move(u0), givens, params, config, true);
+  auto result = newton_solve(graphs, std::move(u0), givens, params, config, true, factors);
   const auto failed = rows_where(~result.converged);
   if (failed.numel() == 0)
     return result;

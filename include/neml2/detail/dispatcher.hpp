@@ -136,23 +136,25 @@ struct EvaluationCalls {
   // A call by name: its inputs put in position, its results mapped by `to_maps`.
   template <class Result>
   static Result evaluate(const D& d, Operation op, const TensorMap& inputs, const TensorMap* extras,
-                         Result (CallNames::*to_maps)(std::vector<at::Tensor>&&) const) {
+                         Result (CallNames::*to_maps)(std::vector<at::Tensor>&&) const,
+                         NewtonFactors* factors = nullptr) {
     return guarded(d, op, [&] {
       const auto names = d.core.names();
-      Request request{op, names.positional(inputs), extras};
+      Request request{op, names.positional(inputs), extras, nullptr, factors};
       return (names.*to_maps)(d.run(request));
     });
   }
 
-  static TensorMap forward(const D& d, const TensorMap& inputs) {
-    return evaluate(d, Operation::forward, inputs, nullptr, &CallNames::forward);
+  static TensorMap forward(const D& d, const TensorMap& inputs, NewtonFactors* factors = nullptr) {
+    return evaluate(d, Operation::forward, inputs, nullptr, &CallNames::forward, factors);
   }
   static std::pair<TensorMap, TensorMap> jvp(const D& d, const TensorMap& inputs,
                                              const TensorMap& tangents) {
     return evaluate(d, Operation::jvp, inputs, &tangents, &CallNames::jvp);
   }
-  static std::pair<TensorMap, VariablePairJacobian> jacobian(const D& d, const TensorMap& inputs) {
-    return evaluate(d, Operation::jacobian, inputs, nullptr, &CallNames::jacobian);
+  static std::pair<TensorMap, VariablePairJacobian> jacobian(const D& d, const TensorMap& inputs,
+                                                             NewtonFactors* factors = nullptr) {
+    return evaluate(d, Operation::jacobian, inputs, nullptr, &CallNames::jacobian, factors);
   }
   static std::pair<TensorMap, VariablePairJacobian> param_jacobian(const D& d,
                                                                    const TensorMap& inputs) {
@@ -166,11 +168,11 @@ struct EvaluationCalls {
   /// the output tangents, `blocks` the Jacobian blocks.
   static void into(const D& d, Operation op, const TensorMap& inputs, const TensorMap* extras,
                    const TensorMap& values, const TensorMap& tangents,
-                   const VariablePairJacobian& blocks) {
+                   const VariablePairJacobian& blocks, NewtonFactors* factors = nullptr) {
     guarded(d, op, [&] {
       const auto names = d.core.names();
       const auto destinations = names.destinations(op, values, tangents, blocks);
-      Request request{op, names.positional(inputs), extras, &destinations};
+      Request request{op, names.positional(inputs), extras, &destinations, factors};
       (void)d.run(request);
       return 0;
     });

@@ -1,0 +1,44 @@
+// Where the chord's slots are in a NewtonFactors row (newton_factors.hpp).
+
+#include "implicit/newton_factors.hpp"
+
+#include <variant>
+
+#include <ATen/ATen.h>
+
+#include "implicit/newton.hpp"
+#include "implicit/newton_rows.hpp"
+
+namespace neml2::detail {
+
+FactorColumns factor_columns(const Artifact& artifact) {
+  FactorColumns columns;
+  for (const auto& segment : artifact.segments)
+    if (const auto* s = std::get_if<ImplicitSegment>(&segment)) {
+      std::int64_t n = 0;
+      for (const auto& u : s->unknowns)
+        n += u.var_size;
+      bool blocks = false;
+      for (const auto* groups : {&s->unknown_groups, &s->given_groups, &s->residual_groups})
+        for (const auto& g : *groups)
+          blocks = blocks || g.block;
+      const bool on_rows = n <= row_pass_max_unknowns && s->matvec_package.empty() && !blocks;
+      columns.first.push_back(on_rows ? columns.width : -1);
+      if (on_rows)
+        columns.width += chord_slot_width(n);
+    }
+  return columns;
+}
+
+at::Tensor NewtonFactorsAccess::slots(NewtonFactors& factors, const Artifact& artifact,
+                                      std::int64_t points) {
+  const auto width = factor_columns(artifact).width;
+  if (width == 0)
+    return {};
+  auto& slots = factors._slots;
+  if (!slots.defined() || slots.size(0) != points || slots.size(1) != width)
+    slots = at::zeros({points, width}, at::kDouble);
+  return slots;
+}
+
+} // namespace neml2::detail
