@@ -5,8 +5,11 @@
 /// next, so that Newton on a history pays for A only where it changed (the chord).
 
 #include <cstdint>
+#include <memory>
 
-#include <ATen/core/Tensor.h>
+namespace at {
+class Tensor; // declared only: the slots are the engine's
+} // namespace at
 
 namespace neml2 {
 namespace detail {
@@ -26,23 +29,21 @@ struct NewtonFactorsAccess; // the engine's way in (src/implicit/newton_factors.
 /// @endcode
 /// Memory: 8 (1 + n + n^2) bytes a point for n unknowns (Chaboche's 19: 3 KB). Applies
 /// where Newton runs on the CPU's row pass (double, up to 64 unknowns, no line search).
-/// Thread safety: one call at a time; a copy shares the factors.
+/// Thread safety: one call at a time. A copy shares the slots held when it was made.
 class NewtonFactors {
 public:
   /// Forgets every point's factor: the next call takes A at every point that iterates.
-  void clear() noexcept { _slots = at::Tensor(); }
+  void clear() noexcept { _slots.reset(); }
   /// The points it holds slots for (0 before the first call).
-  [[nodiscard]] std::int64_t points() const noexcept {
-    return _slots.defined() ? _slots.size(0) : 0;
-  }
+  [[nodiscard]] std::int64_t points() const noexcept;
   /// The bytes it holds.
-  [[nodiscard]] std::int64_t bytes() const noexcept {
-    return _slots.defined() ? static_cast<std::int64_t>(_slots.nbytes()) : 0;
-  }
+  [[nodiscard]] std::int64_t bytes() const noexcept;
 
 private:
   friend struct detail::NewtonFactorsAccess;
-  at::Tensor _slots; // (points, width) double on the CPU: each segment's slots side by side
+  // (points, width) double on the CPU, each segment's slots side by side; none before the
+  // first call
+  std::shared_ptr<at::Tensor> _slots;
 };
 
 } // namespace neml2

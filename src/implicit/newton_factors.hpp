@@ -28,8 +28,8 @@ struct NewtonFactorsAccess {
   /// a slot.
   [[nodiscard]] static at::Tensor slots(NewtonFactors& factors, const Artifact& artifact,
                                         std::int64_t points);
-  /// The slots held (undefined before the first call).
-  [[nodiscard]] static at::Tensor& held(NewtonFactors& factors) noexcept { return factors._slots; }
+  /// The slots held (undefined before the first call), to be read or replaced.
+  [[nodiscard]] static at::Tensor& held(NewtonFactors& factors);
 };
 
 } // namespace neml2::detail
