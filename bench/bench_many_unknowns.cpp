@@ -176,26 +176,29 @@ void slip_systems(benchmark::State& state, bool peer) {
 // step's `number_density~1`, from empty bins. Items are point-steps.
 constexpr int kwn_steps = 100;
 
+// The bins after `kwn_steps` steps of BATCH points.
 template <class Model>
-void kwn_history(benchmark::State& state, Model& model) {
-  const auto batch = state.range(0);
+at::Tensor kwn_bins(Model& model, std::int64_t batch) {
   const auto opts = at::TensorOptions(at::kDouble);
   const auto times = at::cat({at::zeros({1}, opts), at::logspace(-3, 2, 500, 10.0, opts)});
   const auto temperature = at::linspace(300.0, 360.0, batch, opts);
-  const auto history = [&] {
-    auto bins = at::zeros({batch, 300}, opts);
-    for (int k = 1; k <= kwn_steps; ++k)
-      bins = model
-                 .forward({{"T", temperature},
-                           {"number_density~1", bins},
-                           {"t", times[k].expand({batch}).clone()},
-                           {"t~1", times[k - 1].expand({batch}).clone()}})
-                 .at("number_density");
-    return bins;
-  };
-  benchmark::DoNotOptimize(history());
+  auto bins = at::zeros({batch, 300}, opts);
+  for (int k = 1; k <= kwn_steps; ++k)
+    bins = model
+               .forward({{"T", temperature},
+                         {"number_density~1", bins},
+                         {"t", times[k].expand({batch}).clone()},
+                         {"t~1", times[k - 1].expand({batch}).clone()}})
+               .at("number_density");
+  return bins;
+}
+
+template <class Model>
+void kwn_history(benchmark::State& state, Model& model) {
+  const auto batch = state.range(0);
+  benchmark::DoNotOptimize(kwn_bins(model, batch));
   for (auto _ : state)
-    benchmark::DoNotOptimize(history());
+    benchmark::DoNotOptimize(kwn_bins(model, batch));
   state.SetItemsProcessed(state.iterations() * batch * kwn_steps);
 }
 
@@ -203,11 +206,11 @@ void kwn(benchmark::State& state, bool peer) {
   const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_KWN");
   if (!stub)
     return;
+  auto peer_model = neml2::aoti::load_model(stub, "model_scaled",
+                                            std::make_shared<neml2::aoti::SimpleScheduler>(
+                                                neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
   if (peer) {
-    auto model = neml2::aoti::load_model(stub, "model_scaled",
-                                         std::make_shared<neml2::aoti::SimpleScheduler>(
-                                             neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
-    kwn_history(state, model);
+    kwn_history(state, peer_model);
   } else {
     auto model = neml2::load_model(stub, "model_scaled", neml2::SyncChunking{.device = "cpu"});
     std::map<std::string, double> calls;
@@ -217,6 +220,12 @@ void kwn(benchmark::State& state, bool peer) {
     neml2::detail::observe_graph_calls({});
     for (const auto& [file, n] : calls)
       state.counters[file] = n / static_cast<double>(state.iterations() + 1);
+    // The history's last bins against NEML2's runtime's: the largest difference, over the
+    // largest bin.
+    const auto theirs = kwn_bins(peer_model, state.range(0));
+    state.counters["relative_difference_from_peer"] =
+        ((kwn_bins(model, state.range(0)) - theirs).abs().max() / theirs.abs().max())
+            .item<double>();
   }
 }
 

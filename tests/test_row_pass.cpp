@@ -504,6 +504,40 @@ TEST_CASE("LAPACK's rows: 300 unknowns, the same bits at 1, 2 and 3 intra-op thr
   }
 }
 
+TEST_CASE("LAPACK's rows: subnormal entries flushed, the solution as unflushed, the caller's "
+          "control word kept") {
+  // KWN's A: a few rows whose off-diagonal entries are subnormal (bins whose densities
+  // have underflowed), which the LU takes through microcode assists unless flushed.
+  at::manual_seed(7);
+  auto a = at::randn({2, 300, 300}, at::kDouble) + 30 * at::eye(300, at::kDouble);
+  const auto tails = at::randn({2, 7, 300}, at::kDouble) * 1e-310;
+  a.narrow(1, 234, 7).copy_(tails +
+                            a.narrow(1, 234, 7) * at::eye(300, at::kDouble).narrow(0, 234, 7));
+  REQUIRE(((a != 0) & (a.abs() < 2.2250738585072014e-308)).sum().item<std::int64_t>() > 4000);
+  const auto c = at::randn({2, 300, 2}, at::kDouble);
+  const auto before = neml2::detail::FlushSubnormals::control();
+  const auto x = neml2::detail::minus_solve_lapack_rows({a}, {c}, 1);
+  CHECK(neml2::detail::FlushSubnormals::control() == before);
+  // ATen's LU unflushed, a matrix at a time (batched, MKL's threads in torch's team hang).
+  const auto unflushed = at::stack({at::linalg_solve(a[0], c[0]), at::linalg_solve(a[1], c[1])});
+  test::check_close(x, -unflushed, "-A^-1 C (ATen's, unflushed)", 1e-12);
+
+  // A solution entry that would be subnormal is zero, the others exact.
+  const auto twice = 2 * at::eye(300, at::kDouble).unsqueeze(0);
+  auto small = at::ones({1, 300, 1}, at::kDouble);
+  small[0][5][0] = 5e-310;
+  const auto halved = neml2::detail::minus_solve_lapack_rows({twice}, {small}, 1);
+  CHECK(halved[0][4][0].item<double>() == -0.5);
+  if (neml2::detail::FlushSubnormals::supported)
+    CHECK(halved[0][5][0].item<double>() == 0.0);
+
+  // Under a caller's own flush, the caller's word is what it finds after.
+  const neml2::detail::FlushSubnormals callers;
+  const auto flushed_word = neml2::detail::FlushSubnormals::control();
+  (void)neml2::detail::minus_solve_lapack_rows({a}, {c}, 1);
+  CHECK(neml2::detail::FlushSubnormals::control() == flushed_word);
+}
+
 TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every unknown group") {
   SolverConfig config;
   const neml2::detail::NewtonGraphs direct;

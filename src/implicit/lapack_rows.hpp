@@ -27,7 +27,8 @@ namespace neml2::detail {
 /// -A^{-1} C per row, `(rows, n, m)`: A from its blocks `(rows or 1, n_r, n_u)` (residual
 /// groups outer, unknown groups inner), C from its `(rows or 1, n_r, n_c)` blocks,
 /// `residual_groups` of them. A row whose A is singular gets NaN. The same values at any
-/// intra-op thread count.
+/// intra-op thread count. Subnormals are zero in it (core/flush_subnormals.hpp): read from
+/// A and C as zero, and written as zero.
 [[nodiscard]] at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
                                                  const std::vector<at::Tensor>& c_blocks,
                                                  std::size_t residual_groups);

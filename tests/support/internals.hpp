@@ -1,9 +1,11 @@
 #pragma once
 
 // The library's private parts that tests reach into (src/ is on the tests' include path):
-// the Newton loop (and its row pass's systems and kernels, LAPACK's rows) and GMRES over graphs written in
-// a test, one graph, the call protocol, the result memory, and the worker pool's threads.
+// the Newton loop (and its row pass's systems and kernels, LAPACK's rows, subnormals
+// flushed) and GMRES over graphs written in a test, one graph, the call protocol, the result
+// memory, and the worker pool's threads.
 
+#include "core/flush_subnormals.hpp"
 #include "core/worker_pool.hpp"
 #include "engine/placement.hpp"
 #include "graph/graph.hpp"
