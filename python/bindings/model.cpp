@@ -249,9 +249,12 @@ py::custom_type_setup collected() {
 // The evaluation calls' bodies, each running the library's call through `run`: Model::call,
 // or Model::call_with_parameters (the operators' backward, _ops.py).
 template <class Run>
-py::dict forward_call(const Model& self, Run&& run, py::handle inputs) {
+py::dict forward_call(const Model& self, Run&& run, py::handle inputs,
+                      NewtonFactors* factors = nullptr) {
   const auto in = to_map(inputs, "inputs");
-  return to_dict(run([&] { return self.model.forward(in); }), self.model.output_names());
+  return to_dict(run([&] { return factors ? self.model.forward(in, *factors)
+                                          : self.model.forward(in); }),
+                 self.model.output_names());
 }
 
 template <class Run>
@@ -264,9 +267,11 @@ py::tuple jvp_call(const Model& self, Run&& run, py::handle inputs, py::handle t
 }
 
 template <class Run>
-py::tuple jacobian_call(const Model& self, Run&& run, py::handle inputs) {
+py::tuple jacobian_call(const Model& self, Run&& run, py::handle inputs,
+                        NewtonFactors* factors = nullptr) {
   const auto in = to_map(inputs, "inputs");
-  auto [out, J] = run([&] { return self.model.jacobian(in); });
+  auto [out, J] =
+      run([&] { return factors ? self.model.jacobian(in, *factors) : self.model.jacobian(in); });
   const auto& names = self.model.output_names();
   return py::make_tuple(to_dict(out, names), to_dict(J, names, self.model.input_names()));
 }
@@ -466,10 +471,12 @@ void bind_model(py::module_& m) {
                     py::dynamic_attr(), collected<Model>())
       .def(
           "forward",
-          [](const Model& self, py::object inputs) {
-            return forward_call(self, self.runner(), inputs);
+          [](const Model& self, py::object inputs, NewtonFactors* factors) {
+            return forward_call(self, self.runner(), inputs, factors);
           },
-          "inputs"_a, "The outputs by name.")
+          "inputs"_a, "factors"_a = py::none(),
+          "The outputs by name. With `factors` (NewtonFactors), each point's Newton factor "
+          "is kept from call to call: the chord.")
       .def(
           "jvp",
           [](const Model& self, py::object inputs, py::object tangents) {
@@ -478,12 +485,13 @@ void bind_model(py::module_& m) {
           "inputs"_a, "tangents"_a, "(outputs, d(outputs)) along `tangents` (missing = 0).")
       .def(
           "jacobian",
-          [](const Model& self, py::object inputs) {
-            return jacobian_call(self, self.runner(), inputs);
+          [](const Model& self, py::object inputs, NewtonFactors* factors) {
+            return jacobian_call(self, self.runner(), inputs, factors);
           },
-          "inputs"_a,
+          "inputs"_a, "factors"_a = py::none(),
           "(outputs, J), J[out][in] of shape (B, *in_sub_batch, *out_base, *in_base); a block "
-          "that is the same for every row is an expanded view of one.")
+          "that is the same for every row is an expanded view of one. `factors`: as "
+          "forward()'s.")
       .def(
           "param_jacobian",
           [](const Model& self, py::object inputs) {

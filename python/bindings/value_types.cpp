@@ -88,6 +88,16 @@ void bind_solver_config(py::module_& m) {
       .def_readwrite("rel_tol", &SolverConfig::Krylov::rel_tol)
       .def_readwrite("cache_strategy", &SolverConfig::Krylov::cache_strategy)
       .def_readwrite("cache_max_its", &SolverConfig::Krylov::cache_max_its);
+  py::class_<NewtonFactors>(m, "NewtonFactors",
+                            "Each point's factored Newton matrix, kept from one call to the "
+                            "next (Model.forward(inputs, factors)): the chord. Pass the same "
+                            "object to the calls of a history over the same points.")
+      .def(py::init<>())
+      .def_property_readonly("points", &NewtonFactors::points,
+                             "The points it holds slots for (0 before the first call).")
+      .def_property_readonly("nbytes", &NewtonFactors::bytes, "The bytes it holds.")
+      .def("clear", &NewtonFactors::clear, "Forgets every point's factor.");
+
   py::class_<SolverConfig>(m, "SolverConfig",
                            "The Newton settings of an implicit model (a copy: change it, then "
                            "Model.set_solver_config).")

@@ -38,6 +38,7 @@ from ._core import (  # noqa: E402
     GreedyPriorityCapacity,
     KrylovConfig,
     Model,
+    NewtonFactors,
     PreparedCall,
     SolverConfig,
     SyncChunking,
@@ -50,7 +51,8 @@ _ops.install(Model)  # the calls go through torch operators when a graph is want
 
 __all__ = [
     "AggregateError", "ChunkEvent", "ConvergenceError", "Error", "FatalError",
-    "GreedyPriorityCapacity", "KrylovConfig", "Model", "PreparedCall", "SolverConfig",
+    "GreedyPriorityCapacity", "KrylovConfig", "Model", "NewtonFactors", "PreparedCall",
+    "SolverConfig",
     "SyncChunking", "__version__", "artifact_info", "cmake_prefix", "load_model",
     "program", "simulate", "tune", "tuned_policy",
 ]

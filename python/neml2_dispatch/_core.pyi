@@ -109,7 +109,18 @@ class SolverConfig:
     krylov: KrylovConfig
     compact_below: float
     row_pass: bool
+    chord: bool
+    chord_rate: float
     def __init__(self) -> None: ...
+
+class NewtonFactors:
+    """Each point's factored Newton matrix, kept from one call to the next: the chord."""
+    def __init__(self) -> None: ...
+    @property
+    def points(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+    def clear(self) -> None: ...
 
 class ChunkEvent:
     """One chunk of a call, reported when it completes."""
@@ -140,10 +151,13 @@ class PreparedCall:
 
 class Model:
     """A compiled model dispatched by a policy (load_model)."""
-    def forward(self, inputs: TensorDict) -> dict[str, torch.Tensor]: ...
+    def forward(self, inputs: TensorDict,
+                factors: NewtonFactors | None = None) -> dict[str, torch.Tensor]:
+        """With `factors`, each point's Newton factor kept from call to call (the chord);
+        refused on a call that builds an autograd graph."""
     def jvp(self, inputs: TensorDict,
             tangents: TensorDict) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]: ...
-    def jacobian(self, inputs: TensorDict
+    def jacobian(self, inputs: TensorDict, factors: NewtonFactors | None = None
                  ) -> tuple[dict[str, torch.Tensor], dict[str, dict[str, torch.Tensor]]]:
         """J[out][in] of shape (B, *in_sub_batch, *out_base, *in_base) in any grad mode (a
         block the same for every row: an expanded view)."""

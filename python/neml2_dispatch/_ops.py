@@ -535,6 +535,15 @@ def _expand_shared(op: OpInfo, out, J) -> None:
             row[op.inputs[i]] = _batched(block, batch, op.block_shapes[(o, i)])
 
 
+def _no_factors(call: str, factors) -> None:
+    """The operators run NEML2's Newton: a chord's factors are refused with a graph."""
+    if factors is not None:
+        raise _core.FatalError(
+            f"Model.{call}(): NewtonFactors (the chord) are not taken on a call that builds an "
+            "autograd graph (an input or parameter requires grad); call it under "
+            "torch.no_grad(), or without factors")
+
+
 def install(model_type) -> None:
     """Makes the public calls of ``model_type`` (``_core.Model``) go through the operators
     when a graph is wanted; the library's own calls stay as ``_forward``, ``_jvp``, ..."""
@@ -547,20 +556,22 @@ def install(model_type) -> None:
     jacobian_direct, param_jacobian_direct = direct["jacobian"], direct["param_jacobian"]
     param_vjp_direct = direct["param_vjp"]
 
-    def forward_(self, inputs):
+    def forward_(self, inputs, factors=None):
         if wanted(self, inputs):
+            _no_factors("forward", factors)
             return forward(self, inputs)
-        return forward_direct(self, inputs)
+        return forward_direct(self, inputs, factors)
 
     def jvp_(self, inputs, tangents):
         if wanted(self, inputs, tangents):
             return jvp(self, inputs, tangents)
         return jvp_direct(self, inputs, tangents)
 
-    def jacobian_(self, inputs):
+    def jacobian_(self, inputs, factors=None):
         if wanted(self, inputs):
+            _no_factors("jacobian", factors)
             return jacobian(self, inputs)
-        out, J = jacobian_direct(self, inputs)
+        out, J = jacobian_direct(self, inputs, factors)
         if self._op.shared_blocks:
             _expand_shared(self._op, out, J)
         return out, J

@@ -47,7 +47,7 @@ from neml2.aoti import AOTIModel
 from neml2.schema import HitSchema, option
 from torch import nn
 
-from . import _core
+from . import _core, _ops
 
 # The policy a switched AOTIModel block gets (None: SyncChunking on the load's device).
 _default_policy: list[Any] = [None]
@@ -64,9 +64,18 @@ class _Runtime:
         self.dtype = model.dtype
         self.input_names = model.input_names
         self.output_names = model.output_names
+        # A driver's calls are a history over the same points: with the solver config's
+        # chord, each point's Newton factor is kept from call to call.
+        self.factors = _core.NewtonFactors()
+
+    def _chord(self, inputs):
+        """The factors, when the chord is asked for and the call records no graph."""
+        if not self.model.solver_config().chord or _ops.wanted(self.model, inputs):
+            return None
+        return self.factors
 
     def forward(self, inputs):
-        return self.model.forward(inputs)
+        return self.model.forward(inputs, self._chord(inputs))
 
     def jvp(self, inputs, tangents, param_overrides=None):
         _no_overrides(param_overrides)
@@ -74,7 +83,7 @@ class _Runtime:
 
     def jacobian(self, inputs, param_overrides=None):
         _no_overrides(param_overrides)
-        return self.model.jacobian(inputs)
+        return self.model.jacobian(inputs, self._chord(inputs))
 
     def param_jacobian(self, inputs, param_overrides=None):
         _no_overrides(param_overrides)
