@@ -58,8 +58,9 @@ _POLICY_OPTIONS = ("policy", "devices", "batch_sizes", "capacities", "priorities
 class _Runtime:
     """A dispatched model with the surface of NEML2's bound runtime (``AOTIModel._inner``)."""
 
-    def __init__(self, model: _core.Model) -> None:
+    def __init__(self, model: _core.Model, solves: bool = False) -> None:
         self.model = model
+        self.solves = solves  # whether the model has a Newton solve (a solver config)
         self.device = torch.device(model.device)
         self.dtype = model.dtype
         self.input_names = model.input_names
@@ -70,7 +71,8 @@ class _Runtime:
 
     def _chord(self, inputs):
         """The factors, when the chord is asked for and the call records no graph."""
-        if not self.model.solver_config().chord or _ops.wanted(self.model, inputs):
+        if not self.solves or not self.model.solver_config().chord or \
+                _ops.wanted(self.model, inputs):
             return None
         return self.factors
 
@@ -159,9 +161,9 @@ class DispatchedAOTIModel(AOTIModel):
             policy = SyncChunking(device=str(device) if device is not None else "cpu")
         dtype = getattr(torch, str(dtype or "float64").replace("torch.", ""))
         self.model = load_model(root, policy=policy, dtype=dtype)
-        self._inner = _Runtime(self.model)
         with open(root / "metadata.json") as f:  # checked by load_model already
             metadata = json.load(f)
+        self._inner = _Runtime(self.model, "solver_config" in metadata)
         aliases = metadata.get("boundary_aliases", {})
         in_alias, out_alias = aliases.get("inputs", {}), aliases.get("outputs", {})
         self.input_spec = self._spec_from_meta(metadata["inputs"], in_alias)

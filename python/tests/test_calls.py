@@ -488,3 +488,43 @@ def test_jacobian_into_takes_blocks_shaped_as_jacobian_returns_them():
         into = {"stress": {"strain": block}}
         model.jacobian_into(inputs, {"stress": torch.empty(9, 6)}, into)
         assert torch.equal(block.expand(9, 6, 6), J["stress"]["strain"])
+
+
+def test_newton_factors_the_chord_from_call_to_call():
+    model = nd.load_model(stub("chaboche_viscoplasticity", "model"), "model")
+    rows = 16
+    inputs = {}
+    for name, shape in zip(model.input_names, model.input_base_shapes):
+        inputs[name] = torch.zeros(rows, *shape)
+    inputs["t"] = torch.full((rows,), 0.1)
+    strain = 1e-2 * torch.linspace(0.5, 1.5, rows)[:, None] * \
+        torch.tensor([1.0, -0.5, -0.5, 0.2, 0.0, 0.0])
+    factors = nd.NewtonFactors()
+    assert factors.points == 0 and factors.nbytes == 0
+    state, plain = dict(inputs), dict(inputs)
+    for step in range(1, 6):
+        for given in (state, plain):
+            given["E~1"], given["E"] = strain * (step - 1) / 5, strain * step / 5
+            given["t~1"], given["t"] = torch.full((rows,), 0.1 * (step - 1)), \
+                torch.full((rows,), 0.1 * step)
+        chord_out, plain_out = model.forward(state, factors), model.forward(plain)
+        check_maps(chord_out, plain_out, "the chord against Newton", rtol=1e-7)
+        for name in chord_out:  # the step's state is the next one's old state and guess
+            for given, out in ((state, chord_out), (plain, plain_out)):
+                given[name + "~1"] = out[name]
+                given[name] = out[name]
+    assert factors.points == rows and factors.nbytes == rows * (1 + 19 + 19 * 19) * 8
+    _, J = model.jacobian(state, factors)
+    _, plain_J = model.jacobian(state)
+    check_close(J["stress"]["E"], plain_J["stress"]["E"], "dstress/dE", rtol=1e-7)
+    factors.clear()
+    assert factors.points == 0
+
+    # A call that records a graph runs NEML2's Newton through the operators: refused.
+    with pytest.raises(nd.FatalError, match="NewtonFactors"):
+        model.forward({**state, "E": state["E"].clone().requires_grad_()}, factors)
+    config = model.solver_config()
+    assert not config.chord and config.chord_rate == 0.1
+    config.chord_rate = 0.0
+    with pytest.raises(nd.FatalError, match="chord_rate is 0; it must be within"):
+        model.set_solver_config(config)

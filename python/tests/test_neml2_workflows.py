@@ -282,3 +282,22 @@ def test_a_switch_kept_in_a_variable_switches_at_every_with(tmp_path):
         nd.drop_in._factory._registry["AOTIModel"] = neml2.aoti.AOTIModel
         nd.drop_in._default_policy[0] = None
     assert type(loaded()) is neml2.aoti.AOTIModel
+
+
+def test_a_driver_with_the_chord_keeps_each_points_factor(tmp_path):
+    # NEML2's TransientDriver over J2 with the solver config's chord: each point's Newton
+    # factor kept from step to step (the drop-in's NewtonFactors), results within Newton's
+    # tolerance of NEML2's own AOTIModel.
+    _, compiled = write_inputs(tmp_path, "j2_radial_return")
+    theirs = history(compiled)
+    with nd.dispatch_aoti_models():
+        factory = neml2.load_input(str(compiled))
+        model = factory.get_model(CASES["j2_radial_return"][2])
+        config = model.model.solver_config()
+        config.chord = True
+        model.model.set_solver_config(config)
+        driver = factory.get_driver("driver")
+        driver.run()
+        ours = driver.result()
+    assert model._inner.factors.points == BATCH
+    assert_same_history(ours, theirs, 1e-7, "the chord against NEML2's AOTIModel")
