@@ -301,6 +301,18 @@ TEST_CASE("SolverConfig::chord within one call; NewtonFactors' slots; chord_rate
   CHECK(model.solver_config().chord_rate == 0.1);
 }
 
+TEST_CASE("a chord row takes A again where its residual falls slower than chord_rate, or "
+          "would not converge in time") {
+  using neml2::detail::chord_refactors;
+  // rate, ||r|| over its tolerance, iterations left, chord_rate
+  CHECK(chord_refactors(1.2, 1e6, 20, 0.1));        // growing
+  CHECK(chord_refactors(0.3, 1e6, 20, 0.1));        // slow
+  CHECK_FALSE(chord_refactors(0.3, 1e6, 20, 0.5));  // ... but within a looser chord_rate
+  CHECK_FALSE(chord_refactors(0.05, 1e6, 20, 0.1)); // fast: 4.6 steps
+  CHECK(chord_refactors(0.05, 1e6, 4, 0.1));        // ... but only 4 left
+  CHECK_FALSE(chord_refactors(0.05, 0.5, 1, 0.1));  // within its tolerance already
+}
+
 TEST_CASE("the chord pays where A costs a row more than three residuals, as measured") {
   CHECK(neml2::detail::chord_pays(0, 0)); // nothing measured: assumed to
   CHECK_FALSE(neml2::detail::chord_pays(1e-8, 2e-8));

@@ -204,8 +204,9 @@ struct SolverConfig {
   bool row_pass = true;
   /// Ours, off by default (then Newton is NEML2's, bit for bit): the chord on the row pass.
   /// Each point keeps the LU of the last Newton matrix it took and steps from it, calling
-  /// the residual graph alone, while its ||r|| falls by at least `chord_rate` a step; where it
-  /// does not, that point takes A again (the jacobian graph on such points alone). Results
+  /// the residual graph alone, while its ||r|| falls by at least `chord_rate` a step (and
+  /// would reach its tolerance within miters); where it does not, that point takes A again
+  /// (the jacobian graph on such points alone). Results
   /// meet the same convergence test, so they agree with Newton's within its tolerance;
   /// derivatives are the implicit function theorem's at the solution, as without. Kept
   /// within one call; NewtonFactors (a MaterialState's StepOptions::chord) keeps them from

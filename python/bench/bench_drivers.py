@@ -5,9 +5,10 @@ interleaved within it, the best of --repeats runs each (the JSON has their media
 
     python python/bench/bench_drivers.py [--artifacts build/artifacts] [--steps 100]
         [--batches 1024 16384 65536] [--threads 1] [--cpu-lanes L] [--repeats 3]
-        [--runtimes neml2 drop_in direct] [--json out.json]
+        [--runtimes neml2 drop_in direct] [--chord] [--json out.json]
 
---threads sets torch's intra-op thread count (NEML2's runtime's, and the lanes of the
+--chord runs the drop-in and the direct calls with the chord (the solver config's `chord`;
+the direct calls pass a NewtonFactors). --threads sets torch's intra-op thread count (NEML2's runtime's, and the lanes of the
 drop-in and of the direct calls by default); --cpu-lanes L runs those two on
 SyncChunking(cpu_lanes=L) instead.
 """
@@ -41,7 +42,8 @@ from run_neml2_driver import INPUT  # noqa: E402
 RUNTIMES = ("neml2", "drop_in", "direct")
 
 
-def measure(case, batch, steps, repeats, artifacts, cpu_lanes=None, runtimes=RUNTIMES):
+def measure(case, batch, steps, repeats, artifacts, cpu_lanes=None, runtimes=RUNTIMES,
+            chord=False):
     """In this process: seconds of each runtime's best run."""
     import neml2
     import torch
@@ -62,7 +64,13 @@ def measure(case, batch, steps, repeats, artifacts, cpu_lanes=None, runtimes=RUN
             def run():
                 if switch:
                     with nd.dispatch_aoti_models(policy):
-                        driver = neml2.load_input(str(path)).get_driver("driver")
+                        factory = neml2.load_input(str(path))
+                        if chord:
+                            model = factory.get_model(block).model
+                            config = model.solver_config()
+                            config.chord = True
+                            model.set_solver_config(config)
+                        driver = factory.get_driver("driver")
                 else:
                     driver = neml2.load_input(str(path)).get_driver("driver")
                 start = time.perf_counter()
@@ -75,6 +83,7 @@ def measure(case, batch, steps, repeats, artifacts, cpu_lanes=None, runtimes=RUN
             state from the previous step's outputs, zeros for the rest, every step's
             outputs kept."""
             m = nd.load_model(root, policy=policy)
+            factors = nd.NewtonFactors() if chord else None
             factory = neml2.load_input(str(path))
             times = factory.get_tensor("times").data
             forces = factory.get_tensor("strains").data
@@ -92,7 +101,7 @@ def measure(case, batch, steps, repeats, artifacts, cpu_lanes=None, runtimes=RUN
                 inputs[strain] = forces[step]
                 if strain + "~1" in shapes:
                     inputs[strain + "~1"] = forces[step - 1]
-                out = m.forward(inputs)
+                out = m.forward(inputs, factors)
                 kept.append(out)  # the history, as a driver keeps it
             return time.perf_counter() - start, None
 
@@ -129,6 +138,7 @@ def main():
     parser.add_argument("--cpu-lanes", type=int, help="the drop-in's and the direct calls' "
                         "lanes (default: the policy's default, torch's thread count)")
     parser.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=RUNTIMES)
+    parser.add_argument("--chord", action="store_true")
     parser.add_argument("--json")
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # CASE BATCH, in-process
     args = parser.parse_args()
@@ -137,13 +147,14 @@ def main():
 
         torch.set_num_threads(args.threads)
         print(json.dumps(measure(args.one[0], int(args.one[1]), args.steps, args.repeats,
-                                 args.artifacts, args.cpu_lanes, args.runtimes)))
+                                 args.artifacts, args.cpu_lanes, args.runtimes, args.chord)))
         return 0
     rows = []
     print(f"{'model':26}{'batch':>8}  {'NEML2 AOTIModel':>16}{'drop-in':>10}{'direct':>10}"
           f"{'NEML2/drop-in':>15}{'drop-in/direct':>16}   (ns per point-step, "
           f"{args.threads} thread(s), {args.steps} steps"
-          + (f", ours on {args.cpu_lanes} lane(s))" if args.cpu_lanes is not None else ")"))
+          + (f", ours on {args.cpu_lanes} lane(s)" if args.cpu_lanes is not None else "")
+          + (", ours with the chord)" if args.chord else ")"))
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads))
     for case in args.cases:
         for batch in args.batches:
@@ -151,6 +162,7 @@ def main():
                                    "--steps", str(args.steps), "--repeats", str(args.repeats),
                                    "--threads", str(args.threads), "--artifacts", args.artifacts,
                                    "--runtimes", *args.runtimes]
+                                  + (["--chord"] if args.chord else [])
                                   + ([] if args.cpu_lanes is None
                                      else ["--cpu-lanes", str(args.cpu_lanes)]),
                                   capture_output=True, text=True, env=env)

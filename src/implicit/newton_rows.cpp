@@ -145,17 +145,12 @@ private:
     return at < 0 ? nullptr : _pool.data() + at * _slot_width;
   }
 
-  // Whether row i, at ||r|| = `norm` after a step from ||r|| = _step_norm, should take A:
-  // its residual falls by less than chord_rate a step, or at that rate it would not reach
-  // its tolerance within miters.
+  // Whether row i, at ||r|| = `norm` after a step from ||r|| = _step_norm, should take A
+  // (chord_refactors).
   bool too_slow(std::size_t row, double norm, std::int64_t it) const {
-    const double rate = norm / _step_norm[row];
-    if (!(rate <= _config.chord_rate))
-      return true;
-    const double target = std::max(_config.atol, _config.rtol * _r0[row]);
-    return norm > target &&
-           static_cast<double>(it + 1) + std::log(target / norm) / std::log(rate) >=
-               static_cast<double>(_config.miters);
+    return chord_refactors(norm / _step_norm[row],
+                           norm / std::max(_config.atol, _config.rtol * _r0[row]),
+                           _config.miters - it - 1, _config.chord_rate);
   }
 
   // The chord's check of every row of the working set at the residual graph's `results`:

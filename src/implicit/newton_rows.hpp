@@ -42,12 +42,12 @@ inline constexpr std::int64_t row_pass_max_unknowns = 64;
 ///
 /// The chord (SolverConfig::chord, or `factors` given; not with a line search): a row
 /// steps from the LU of the last A it took, and only the residual graph is called, until
-/// its ||r|| falls by less than `chord_rate` a step (or would not reach its tolerance
-/// within miters at that rate): then it takes A where it is (the jacobian graph on the rows
-/// that do, alone). A step from an A taken at an earlier iterate (or call) that does not
-/// lower ||r|| is taken back, and A taken where it started. Rows converge by NEML2's test.
-/// `factors`: `(B, chord_slot_width(n))` double, contiguous rows, a row's slot kept from
-/// call to call (its first value 1 where it holds a factor); none: slots for this solve.
+/// chord_refactors says so (its ||r|| falls by less than `chord_rate` a step, or would not
+/// reach its tolerance within miters at that rate): then it takes A where it is (the
+/// jacobian graph on the rows that do, alone). A step from an A taken at an earlier iterate (or
+/// call) that does not lower ||r|| is taken back, and A taken where it started. Rows converge by
+/// NEML2's test. `factors`: `(B, chord_slot_width(n))` double, contiguous rows, a row's slot kept
+/// from call to call (its first value 1 where it holds a factor); none: slots for this solve.
 [[nodiscard]] NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
                                              const std::vector<at::Tensor>& givens,
                                              const std::vector<at::Tensor>& params,

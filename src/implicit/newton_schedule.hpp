@@ -11,6 +11,7 @@
 
 #include <array>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 
 namespace neml2::detail {
@@ -26,6 +27,18 @@ inline constexpr double chord_pays_above = 3;
 [[nodiscard]] inline bool chord_pays(double residual_per_row, double jacobian_per_row) {
   return !(residual_per_row > 0 && jacobian_per_row > 0) ||
          jacobian_per_row > chord_pays_above * residual_per_row;
+}
+
+/// Whether a chord row takes A again after a step that cut its ||r|| by `rate`, `left`
+/// times above its tolerance, with `iterations` left: where the rate is above `chord_rate`,
+/// or where at that rate it would not converge in time (Newton's own cap). (Weighing the
+/// steps still needed against A's measured cost lets more rows go on slowly, and is slower:
+/// a chord step costs its pass and compaction too, more than the residual graph alone.)
+[[nodiscard]] inline bool chord_refactors(double rate, double left, std::int64_t iterations,
+                                          double chord_rate) {
+  if (!(rate <= chord_rate))
+    return true;
+  return left > 1 && std::log(left) / -std::log(rate) >= static_cast<double>(iterations);
 }
 
 class NewtonSchedule {
