@@ -16,6 +16,7 @@
 
 #include <array>
 #include <filesystem>
+#include <mutex>
 
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
@@ -132,8 +133,10 @@ void history(benchmark::State& bench, Runtime runtime, const Scenario& s) {
     if (runtime == Runtime::peer)
       return;
     std::map<std::string, double> rows; // by graph: `<model>_<graph>.pt2`
+    std::mutex counting;                // graphs run on every CPU lane
     neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
       const auto name = std::filesystem::path(file).stem().string();
+      const std::lock_guard lock(counting);
       rows[name.substr(name.rfind('_') + 1)] += static_cast<double>(n);
     });
     benchmark::DoNotOptimize(once());
