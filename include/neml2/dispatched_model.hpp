@@ -83,8 +83,7 @@ public:
   void forward_into(const TensorMap& inputs, const TensorMap& outputs) const {
     Calls::into(dispatch(), Operation::forward, inputs, nullptr, outputs, {}, {});
   }
-  /// @copydoc AnyDispatchedModel::forward_into(const TensorMap&, const TensorMap&, NewtonFactors&)
-  /// const
+  /// forward_into() with the chord's `factors` (NewtonFactors).
   void forward_into(const TensorMap& inputs, const TensorMap& outputs,
                     NewtonFactors& factors) const {
     Calls::into(dispatch(), Operation::forward, inputs, nullptr, outputs, {}, {}, &factors);
@@ -99,8 +98,7 @@ public:
                      const VariablePairJacobian& J) const {
     Calls::into(dispatch(), Operation::jacobian, inputs, nullptr, outputs, {}, J);
   }
-  /// @copydoc AnyDispatchedModel::jacobian_into(const TensorMap&, const TensorMap&, const
-  /// VariablePairJacobian&, NewtonFactors&) const
+  /// jacobian_into() with the chord's `factors` (NewtonFactors).
   void jacobian_into(const TensorMap& inputs, const TensorMap& outputs,
                      const VariablePairJacobian& J, NewtonFactors& factors) const {
     Calls::into(dispatch(), Operation::jacobian, inputs, nullptr, outputs, {}, J, &factors);
