@@ -386,3 +386,25 @@ TEST_CASE("the chord's results do not depend on chunks or lanes beyond rounding:
   }
   CHECK(fa.points() == fb.points());
 }
+
+TEST_CASE("an asynchronous policy's CPU chunks keep their points' factors too") {
+  const auto stub = test::stub("perzyna_viscoplasticity", "model");
+  const auto plain = load_model(stub, "model");
+  const auto pooled =
+      load_model(stub, "model", GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {7}});
+  const History history(plain, test::Reference("perzyna_viscoplasticity").group("s0/in"));
+  NewtonFactors factors;
+  TensorMap a, b;
+  std::int64_t late_a = 0;
+  for (int n = 1; n <= 20; ++n) {
+    CAPTURE(n);
+    a = plain.forward(history.inputs(n, a));
+    auto rows = graph_rows([&] { b = pooled.forward(history.inputs(n, b), factors); });
+    if (n > 10)
+      late_a += rows["jacobian"];
+    CHECK(relative_difference(b, a) <= history_rtol);
+  }
+  const auto points = a.begin()->second.size(0);
+  CHECK(factors.points() == points);
+  CHECK(late_a < 10 * points); // Newton takes A at every point-step that updates
+}

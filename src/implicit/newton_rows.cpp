@@ -29,8 +29,8 @@ public:
       , _config(config)
       , _gate(gate_relative)
       , _search(config.ls_max_iters > 2)
-      , _chord((config.chord || factors.defined()) && !_search &&
-               (!graphs.schedule || graphs.schedule->chord_pays()))
+      , _chord_asked((config.chord || factors.defined()) && !_search)
+      , _chord(_chord_asked && (!graphs.schedule || graphs.schedule->chord_pays()))
       , _store(factors) {}
 
   NewtonResult solve(std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens) {
@@ -283,7 +283,7 @@ private:
   }
   std::vector<at::Tensor> call(const GraphFn& graph, const std::vector<at::Tensor>& u,
                                const std::vector<at::Tensor>& g) const {
-    if (!_graphs.schedule)
+    if (!_graphs.schedule || !_chord_asked) // the costs only decide whether the chord pays
       return call_for_rows(graph, graph_args(u, g, _params));
     const auto start = steady_clock::now();
     auto results = call_for_rows(graph, graph_args(u, g, _params));
@@ -579,7 +579,8 @@ private:
   const NewtonGraphs& _graphs;
   const std::vector<at::Tensor>& _params;
   const SolverConfig& _config;
-  const bool _gate, _search, _chord;
+  // The chord asked for (SolverConfig::chord, or factors given); run where it pays.
+  const bool _gate, _search, _chord_asked, _chord;
 
   // The working set: unknowns (ours, updated in place) and givens per group, each row's
   // batch row, first and last ||r||, whether its last update passes the gate, whether it
