@@ -16,13 +16,17 @@
 #include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
+#include "planned_newton.hpp"
 #include "scalar_model.hpp"
 
 using namespace neml2;
 using test::contains;
 using test::convergence_error;
 using test::scalar_bisected;
+using test::scalar_inputs;
 using test::scalar_root;
+using test::session;
+using test::step_name;
 
 namespace {
 
@@ -37,32 +41,11 @@ constexpr Case implicit_models[] = {{"scalar_backward_euler", 4},
                                     {"chaboche_viscoplasticity", 5},
                                     {"gtn_viscoplasticity", 5}};
 
-Session session(const std::string& artifact) {
-  return {std::make_shared<const Artifact>(
-              read_artifact(resolve_artifact_root(test::stub(artifact, "model"), "model"))),
-          "cpu"};
-}
-
-std::string step(int s) {
-  return "s" + std::to_string(s);
-}
-
 TensorMap rows_of(const TensorMap& values, const at::Tensor& index) {
   TensorMap out;
   for (const auto& [name, t] : values)
     out.emplace(name, t.index_select(0, index));
   return out;
-}
-
-// The scalar model's inputs: x' = a - x^2 from x~1 = 0.5 over dt = 0.1, one row per `a`.
-TensorMap scalar_inputs(std::vector<double> a) {
-  const auto rows = static_cast<std::int64_t>(a.size());
-  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
-  return {{"a", at::tensor(a, at::kDouble)},
-          {"x", filled(0.5)},
-          {"x~1", filled(0.5)},
-          {"t", filled(0.1)},
-          {"t~1", filled(0.0)}};
 }
 
 at::Tensor mask_of(std::initializer_list<int> values) {
@@ -126,7 +109,7 @@ TEST_CASE("every step of every history against eager NEML2, row by row") {
     const auto s = session(c.artifact);
     const test::Reference ref(c.artifact);
     for (int n = 0; n < c.steps; ++n)
-      test::check_forward(s, ref, step(n), 1e-8);
+      test::check_forward(s, ref, step_name(n), 1e-8);
   }
 }
 
@@ -136,23 +119,23 @@ TEST_CASE("Jacobians and jvp through implicit segments against eager NEML2") {
     const auto s = session(c.artifact);
     const test::Reference ref(c.artifact);
     for (int n = 1; n < c.steps; ++n) {
-      const auto inputs = ref.group(step(n) + "/in");
+      const auto inputs = ref.group(step_name(n) + "/in");
       const auto [out, J] = s.jacobian(inputs);
-      test::check_close(out, ref.group(step(n) + "/out"), step(n) + " outputs", 1e-8);
+      test::check_close(out, ref.group(step_name(n) + "/out"), step_name(n) + " outputs", 1e-8);
       for (const auto& o : s.output_names()) {
         // The floor under the relative error: 1e-4 of this output's largest block.
         double largest = 0;
         for (const auto& i : s.input_names())
-          largest =
-              std::max(largest, ref[step(n) + "/jac/" + o + "/" + i].abs().max().item<double>());
+          largest = std::max(largest,
+                             ref[step_name(n) + "/jac/" + o + "/" + i].abs().max().item<double>());
         for (const auto& i : s.input_names()) {
-          const auto& expected = ref[step(n) + "/jac/" + o + "/" + i];
+          const auto& expected = ref[step_name(n) + "/jac/" + o + "/" + i];
           // Eager blocks are zero-sized or zero where nothing flows (the initial guess).
           if (!J.count(o) || !J.at(o).count(i)) {
             CHECK_MESSAGE(expected.abs().max().item<double>() == 0, o << "/" << i);
             continue;
           }
-          check_block(J.at(o).at(i), expected, step(n) + " d" + o + "/d" + i, 1e-4 * largest);
+          check_block(J.at(o).at(i), expected, step_name(n) + " d" + o + "/d" + i, 1e-4 * largest);
         }
       }
 
@@ -164,13 +147,13 @@ TEST_CASE("Jacobians and jvp through implicit segments against eager NEML2") {
       for (const auto& o : s.output_names()) {
         auto expected = at::zeros_like(values.at(o));
         for (const auto& [i, t] : tangents) {
-          const auto& block = ref[step(n) + "/jac/" + o + "/" + i];
+          const auto& block = ref[step_name(n) + "/jac/" + o + "/" + i];
           const auto rows = t.size(0);
           expected += at::matmul(block.reshape({rows, values.at(o).numel() / rows, -1}),
                                  t.reshape({rows, -1, 1}))
                           .reshape(expected.sizes());
         }
-        test::check_close(dout.at(o), expected, step(n) + " jvp " + o, 1e-8);
+        test::check_close(dout.at(o), expected, step_name(n) + " jvp " + o, 1e-8);
       }
     }
   }
@@ -180,7 +163,7 @@ TEST_CASE("chunk sizes 1, 3, 7 and the whole batch give the same rows (1e-13)") 
   for (const auto& c : implicit_models) {
     CAPTURE(c.artifact);
     const test::Reference ref(c.artifact);
-    const auto inputs = ref.group(step(c.steps - 1) + "/in");
+    const auto inputs = ref.group(step_name(c.steps - 1) + "/in");
     const auto whole = session(c.artifact).forward(inputs);
     for (std::int64_t rows : {1, 3, 7, 0}) {
       CAPTURE(rows);
@@ -691,7 +674,7 @@ TEST_CASE("line search: every trial point where NEML2's own Newton loop puts it"
           return std::vector<at::Tensor>{ops[1] * ops[0].reshape({-1, 1})};
         };
         graphs.a_blocks = 1;
-        const auto result = neml2::detail::newton_solve(
+        const auto result = test::newton_solve(
             graphs, {at::full({1, 1}, starts[k].item<double>(), at::kDouble)}, {}, {}, config);
         const auto expected = ref["newton/" + c + "/" + std::to_string(k) + "/trials"];
         const auto end = ref["newton/" + c + "/" + std::to_string(k) + "/u"].item<double>();
@@ -745,8 +728,10 @@ TEST_CASE("substepping bisects recursively: after a deep left half, the right ha
   plan.max_level = 3;
   plan.ramps.push_back({{0, 0, 1}, {0, 1, 1}});
   const auto givens = at::tensor({1.0, 0.0}, at::kDouble).reshape({1, 2});
-  const auto result = neml2::detail::solve_with_substeps(graphs, {at::ones({1, 1}, at::kDouble)},
-                                                         {givens}, {}, SolverConfig{}, plan);
+  const std::vector u0{at::ones({1, 1}, at::kDouble)};
+  const auto result = neml2::detail::solve_with_substeps(
+      graphs, neml2::detail::plan_newton(graphs, u0, SolverConfig{}), u0, {givens}, {},
+      SolverConfig{}, plan);
   const std::vector<std::pair<double, double>> expected = {
       {0, 1},      {0, 0.5},      {0, 0.25},    {0, 0.125}, {0.125, 0.25},
       {0.25, 0.5}, {0.25, 0.375}, {0.375, 0.5}, {0.5, 1}};
@@ -864,9 +849,9 @@ TEST_CASE("an unknown with a sub-batch axis: read as written, each point solved 
   const auto s = session("binned_precipitation");
   const test::Reference ref("binned_precipitation");
   for (int n = 0; n < 6; ++n) {
-    CHECK(s.forward(ref.group(step(n) + "/in")).at("number_density").sizes() ==
+    CHECK(s.forward(ref.group(step_name(n) + "/in")).at("number_density").sizes() ==
           at::IntArrayRef{20, 8});
-    test::check_forward(s, ref, step(n), 1e-8);
+    test::check_forward(s, ref, step_name(n), 1e-8);
   }
 }
 
@@ -902,8 +887,8 @@ TEST_CASE("block-structured groups: as eager NEML2 solves each point, whole or i
   const auto whole = load_model(stub, "model", SyncChunking{.device = "cpu"});
   for (int n = 0; n < 5; ++n) {
     CAPTURE(n);
-    const auto inputs = ref.group(step(n) + "/in");
-    const auto expected = ref.group(step(n) + "/out");
+    const auto inputs = ref.group(step_name(n) + "/in");
+    const auto expected = ref.group(step_name(n) + "/out");
     const auto together = whole.forward(inputs);
     test::check_close(together, expected, "whole batch", 1e-8);
     for (const std::int64_t rows : {1, 7}) {
@@ -963,8 +948,8 @@ TEST_CASE("300 unknowns per point (binned_precipitation over 300 bins) at 1, 2 a
     CAPTURE(threads);
     at::set_num_threads(threads);
     for (int n = 0; n < 6; ++n) {
-      const auto out = s.forward(ref.group(step(n) + "/in"));
-      test::check_close(out, ref.group(step(n) + "/out"), step(n), 1e-8);
+      const auto out = s.forward(ref.group(step_name(n) + "/in"));
+      test::check_close(out, ref.group(step_name(n) + "/out"), step_name(n), 1e-8);
       if (threads == 1)
         at_one_thread.push_back(out);
       else
@@ -996,7 +981,7 @@ TEST_CASE("a sub-batched unknown beside a plain one: each output in its own shap
   const auto m = load_model(test::stub("slip_systems", "model"), "model",
                             SyncChunking{.device = "cpu", .batch_size = 7});
   for (int n = 0; n < 5; ++n)
-    test::check_forward(m, ref, step(n), 1e-8);
+    test::check_forward(m, ref, step_name(n), 1e-8);
   const auto inputs = ref.group("s4/in");
   const auto nan = std::numeric_limits<double>::quiet_NaN();
   const auto hardening = at::full({20, 12}, nan, at::kDouble), p = at::full({20}, nan, at::kDouble);

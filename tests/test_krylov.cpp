@@ -8,10 +8,13 @@
 
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
+#include "planned_newton.hpp"
 #include "scratch.hpp"
 
 using namespace neml2;
 using test::contains;
+using test::session;
+using test::step_name;
 
 namespace {
 
@@ -300,7 +303,7 @@ struct Cubic {
     const auto rows = a.size(0), n = a.size(1);
     const auto index = at::arange(rows, at::kDouble).unsqueeze(1);
     config.solver_kind = "krylov";
-    return neml2::detail::newton_solve(g, {at::zeros({rows, n}, at::kDouble)}, {index}, {}, config);
+    return test::newton_solve(g, {at::zeros({rows, n}, at::kDouble)}, {index}, {}, config);
   }
 };
 
@@ -365,20 +368,12 @@ TEST_CASE("the preconditioner's cache strategies: rebuilt every step, once (chor
 namespace {
 
 Session session_at(const std::filesystem::path& root) {
-  return {std::make_shared<const Artifact>(read_artifact(root)), "cpu"};
-}
-
-Session session(const std::string& artifact) {
-  return session_at(resolve_artifact_root(test::stub(artifact, "model"), "model"));
+  return {test::load_artifact(root), "cpu"};
 }
 
 constexpr const char* krylov_models[] = {"perzyna_gmres", "perzyna_gmres_bjac",
                                          "perzyna_gmres_chord"};
 constexpr int steps = 5;
-
-std::string step(int s) {
-  return "s" + std::to_string(s);
-}
 
 } // namespace
 
@@ -436,11 +431,12 @@ void each_krylov_model(F&& f) {
 TEST_CASE("every step of each Krylov model against eager NEML2 and against the direct solve") {
   each_krylov_model([](Session& s, const test::Reference& ref, const Session& direct) {
     for (int n = 0; n < steps; ++n)
-      test::check_forward(s, ref, step(n), 1e-8);
+      test::check_forward(s, ref, step_name(n), 1e-8);
     tighten(s);
     for (int n = 0; n < steps; ++n)
-      test::check_close(s.forward(ref.group(step(n) + "/in")),
-                        direct.forward(ref.group(step(n) + "/in")), step(n) + " vs direct", 1e-10);
+      test::check_close(s.forward(ref.group(step_name(n) + "/in")),
+                        direct.forward(ref.group(step_name(n) + "/in")),
+                        step_name(n) + " vs direct", 1e-10);
   });
 }
 
@@ -448,18 +444,18 @@ TEST_CASE("Jacobians of Krylov models: eager NEML2 and the direct solve") {
   each_krylov_model([](Session& s, const test::Reference& ref, const Session& direct) {
     const auto check = [&](bool against_direct) {
       for (int n = 1; n < steps; ++n) {
-        const auto inputs = ref.group(step(n) + "/in");
+        const auto inputs = ref.group(step_name(n) + "/in");
         const auto [out, J] = s.jacobian(inputs);
         const auto [direct_out, direct_J] = direct.jacobian(inputs);
         for (const auto& [o, blocks] : J)
           for (const auto& [i, block] : blocks) {
             const auto& expected =
-                against_direct ? direct_J.at(o).at(i) : ref[step(n) + "/jac/" + o + "/" + i];
+                against_direct ? direct_J.at(o).at(i) : ref[step_name(n) + "/jac/" + o + "/" + i];
             const auto scale = std::max(expected.abs().max().item<double>(), 1e-6);
             const auto error = (block - expected).abs().max().item<double>() / scale;
             CHECK_MESSAGE(error <= (against_direct ? 1e-10 : 1e-8),
-                          step(n) << " d" << o << "/d" << i << (against_direct ? " vs direct" : "")
-                                  << ": " << error);
+                          step_name(n) << " d" << o << "/d" << i
+                                       << (against_direct ? " vs direct" : "") << ": " << error);
           }
       }
     };

@@ -10,27 +10,16 @@
 #include "cube_root.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
+#include "planned_newton.hpp"
 #include "scalar_model.hpp"
 
 using namespace neml2;
 using test::convergence_error;
+using test::session;
 
 namespace {
 
 constexpr double not_a_number = std::numeric_limits<double>::quiet_NaN();
-
-Session session(const std::string& artifact,
-                const std::function<void(SolverConfig&)>& change = {}) {
-  Session s(std::make_shared<const Artifact>(
-                read_artifact(resolve_artifact_root(test::stub(artifact, "model"), "model"))),
-            "cpu");
-  if (change) {
-    auto config = s.solver_config();
-    change(config);
-    s.set_solver_config(config);
-  }
-  return s;
-}
 
 // One row of the scalar model: x' = a - x^2 by backward Euler over dt from x~1, Newton from
 // x; its residual r(x) = x - x~1 - (a - x^2) dt and dr/dx = 1 + 2 x dt.
@@ -313,14 +302,14 @@ TEST_CASE("newton_solve decides the reasons itself: a zero pivot among two unkno
     CAPTURE(row_pass);
     SolverConfig config;
     config.row_pass = row_pass;
-    const auto result = neml2::detail::newton_solve(graphs, {guess}, {given}, {}, config);
+    const auto result = test::newton_solve(graphs, {guess}, {given}, {}, config);
     REQUIRE(result.reasons.defined());
     CHECK(at::equal(result.reasons, expected));
     CHECK(at::equal(result.converged, expected == 0));
     // every row converging: nothing decided, nothing allocated
     const auto easy = at::tensor({0, 4, 5}, at::kLong);
-    const auto fine = neml2::detail::newton_solve(graphs, {guess.index_select(0, easy)},
-                                                  {given.index_select(0, easy)}, {}, config);
+    const auto fine = test::newton_solve(graphs, {guess.index_select(0, easy)},
+                                         {given.index_select(0, easy)}, {}, config);
     CHECK(fine.converged.all().item<bool>());
     CHECK_FALSE(fine.reasons.defined());
   }

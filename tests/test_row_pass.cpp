@@ -17,22 +17,21 @@
 #include "graph/graph_calls.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
+#include "planned_newton.hpp"
+#include "tiled.hpp"
 
 using namespace neml2;
+using test::tiled_times;
 
 namespace {
 
 Session session(const std::string& artifact, bool row_pass,
                 const std::function<void(SolverConfig&)>& change = {}) {
-  Session s(std::make_shared<const Artifact>(
-                read_artifact(resolve_artifact_root(test::stub(artifact, "model"), "model"))),
-            "cpu");
-  auto config = s.solver_config();
-  config.row_pass = row_pass;
-  if (change)
-    change(config);
-  s.set_solver_config(config);
-  return s;
+  return test::session(artifact, [&](SolverConfig& config) {
+    config.row_pass = row_pass;
+    if (change)
+      change(config);
+  });
 }
 
 // What a call gave: its positional results (outputs, then derivatives), the scale group of
@@ -196,20 +195,6 @@ Outcome compare(const std::string& model, const TensorMap& inputs,
   return rows.at("forward");
 }
 
-// Every row of `inputs` `times` times, each copy perturbed by a few percent.
-TensorMap tiled(const TensorMap& inputs, std::int64_t times) {
-  TensorMap out;
-  for (const auto& [name, value] : inputs) {
-    auto sizes = std::vector<std::int64_t>(static_cast<std::size_t>(value.dim()), 1);
-    sizes[0] = times;
-    const auto copies = value.repeat(sizes);
-    const auto scale =
-        1 + 0.03 * at::cos(at::arange(copies.size(0), value.options())).reshape({-1, 1});
-    out.emplace(name, (copies.reshape({copies.size(0), -1}) * scale).reshape(copies.sizes()));
-  }
-  return out;
-}
-
 // The implicit models in models/ with a load history, and how many steps it has.
 const std::vector<std::pair<const char*, int>> histories = {
     {"scalar_backward_euler", 4},    {"j2_radial_return", 5},   {"perzyna_viscoplasticity", 5},
@@ -225,9 +210,9 @@ TEST_CASE("the row pass gives what the tensor path gives, on every implicit mode
     const test::Reference ref(model);
     for (int step = 0; step < steps; ++step) {
       CAPTURE(step);
-      const auto inputs = ref.group("s" + std::to_string(step) + "/in");
-      compare(model, inputs);           // 20 rows: Newton starts from the jacobian graph
-      compare(model, tiled(inputs, 5)); // 100 rows: from the residual graph
+      const auto inputs = ref.group(test::step_name(step) + "/in");
+      compare(model, inputs);                 // 20 rows: Newton starts from the jacobian graph
+      compare(model, tiled_times(inputs, 5)); // 100 rows: from the residual graph
     }
   }
 }
@@ -236,7 +221,7 @@ TEST_CASE("the row pass's parameter derivatives give the tensor path's") {
   // A parameter inside the residual: du/dp = -A^{-1} dr/dp through the row kernel.
   const test::Reference ref("scalar_backward_euler");
   compare("scalar_backward_euler_params", ref.group("s2/in"));
-  compare("scalar_backward_euler_params", tiled(ref.group("s2/in"), 5));
+  compare("scalar_backward_euler_params", tiled_times(ref.group("s2/in"), 5));
 }
 
 TEST_CASE("the row pass with line searches, failing rows and substeps") {
@@ -260,7 +245,7 @@ TEST_CASE("the row pass with line searches, failing rows and substeps") {
        {"j2_radial_return", "perzyna_viscoplasticity", "chaboche_viscoplasticity"}) {
     CAPTURE(model);
     const test::Reference ref(model);
-    const auto inputs = tiled(ref.group("s4/in"), 4);
+    const auto inputs = tiled_times(ref.group("s4/in"), 4);
     for (const char* type : {"BACKTRACKING", "STRONG_WOLFE"})
       compare(model, inputs, [&](SolverConfig& config) {
         config.ls_type = type;
@@ -278,7 +263,8 @@ TEST_CASE("the row pass with line searches, failing rows and substeps") {
 
 TEST_CASE("the row pass over many rows, on the intra-op threads, gives the tensor path's") {
   const test::Reference ref("chaboche_viscoplasticity");
-  compare("chaboche_viscoplasticity", tiled(ref.group("s3/in"), 300)); // 6000 rows, tasks of 256
+  // 6000 rows, tasks of 256
+  compare("chaboche_viscoplasticity", tiled_times(ref.group("s3/in"), 300));
 }
 
 TEST_CASE("the row pass evaluates only the rows still iterating, and no solve graph") {
@@ -338,7 +324,7 @@ TEST_CASE("a row whose A is singular fails alone, with its residual; the others 
     CAPTURE(row_pass);
     SolverConfig config;
     config.row_pass = row_pass;
-    const auto result = neml2::detail::newton_solve(graphs, {u0}, {a}, {}, config);
+    const auto result = test::newton_solve(graphs, {u0}, {a}, {}, config);
     CHECK(at::equal(result.converged, at::tensor({1, 0, 1}).to(at::kBool)));
     CHECK(result.u[0][0].item<double>() == doctest::Approx(2).epsilon(1e-9));
     CHECK(result.u[0][2].item<double>() == doctest::Approx(3).epsilon(1e-9));
@@ -538,8 +524,46 @@ TEST_CASE("LAPACK's rows: subnormal entries flushed, the solution as unflushed, 
   CHECK(neml2::detail::FlushSubnormals::control() == flushed_word);
 }
 
-TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every unknown group") {
+TEST_CASE("a segment's plan: the row pass up to row_pass_max_unknowns, LAPACK's rows above, "
+          "the solve graph or GMRES elsewhere") {
+  using neml2::detail::DerivativeSolve;
+  using neml2::detail::NewtonShape;
+  using neml2::detail::NewtonStrategy;
+  using neml2::detail::plan_newton;
   SolverConfig config;
+  const auto max = neml2::detail::row_pass_max_unknowns;
+  const auto plan = [&](NewtonShape shape, c10::Device device = c10::kCPU,
+                        c10::ScalarType dtype = c10::kDouble) {
+    return plan_newton(shape, device, dtype, config);
+  };
+  CHECK(plan({.unknowns = max}).strategy == NewtonStrategy::rows);
+  CHECK(plan({.unknowns = max}).keeps_factors());
+  CHECK(plan({.unknowns = max}).derivatives == DerivativeSolve::rows);
+  CHECK(plan({.unknowns = max + 1}).strategy == NewtonStrategy::lapack_rows);
+  CHECK_FALSE(plan({.unknowns = max + 1}).keeps_factors());
+  CHECK(plan({.unknowns = max + 1}).derivatives == DerivativeSolve::lapack_rows);
+  // Block groups: the solve graph eliminates NEML2's per-entry blocks; Krylov: GMRES.
+  CHECK(plan({.unknowns = 8, .block_groups = true}).strategy == NewtonStrategy::solve_graph);
+  CHECK(plan({.unknowns = 8, .krylov = true}).strategy == NewtonStrategy::krylov);
+  CHECK(plan({.unknowns = 8, .krylov = true}).derivatives == DerivativeSolve::rows);
+  // Off the CPU's double, or asked off, whatever the size: the graphs.
+  CHECK(plan({.unknowns = 1}, c10::kCPU, c10::kFloat).strategy == NewtonStrategy::solve_graph);
+  CHECK(plan({.unknowns = 1}, c10::kCPU, c10::kFloat).derivatives == DerivativeSolve::graphs);
+  CHECK(plan({.unknowns = 1}, c10::Device("cuda:0")).strategy == NewtonStrategy::solve_graph);
+  CHECK(plan({.unknowns = max + 1}, c10::Device("cuda:0")).strategy == NewtonStrategy::solve_graph);
+  config.row_pass = false;
+  CHECK(plan({.unknowns = 1}).strategy == NewtonStrategy::solve_graph);
+  CHECK(plan({.unknowns = 1}).derivatives == DerivativeSolve::graphs);
+  // Above it, LAPACK's rows on the CPU, with the row pass asked off too.
+  CHECK(plan({.unknowns = max + 1}).strategy == NewtonStrategy::lapack_rows);
+  // A NewtonFactors row holds a slot for every segment the row pass can run, on any device.
+  CHECK(neml2::detail::has_factor_slot({.unknowns = max}));
+  CHECK_FALSE(neml2::detail::has_factor_slot({.unknowns = max + 1}));
+  CHECK_FALSE(neml2::detail::has_factor_slot({.unknowns = 8, .krylov = true}));
+  CHECK_FALSE(neml2::detail::has_factor_slot({.unknowns = 8, .block_groups = true}));
+
+  // Graphs written by hand: counted per row from the sizes after the batch axis, over
+  // every group (a sub-batched group, an empty batch).
   const neml2::detail::NewtonGraphs direct;
   const auto groups = [](std::vector<std::int64_t> widths) {
     std::vector<at::Tensor> u;
@@ -547,24 +571,18 @@ TEST_CASE("the row pass takes up to row_pass_max_unknowns per row, over every un
       u.push_back(at::zeros({3, w}, at::kDouble));
     return u;
   };
-  const auto max = neml2::detail::row_pass_max_unknowns;
-  CHECK(neml2::detail::runs_on_rows(groups({max}), config));
-  CHECK_FALSE(neml2::detail::runs_on_rows(groups({max + 1}), config));
-  CHECK(neml2::detail::runs_on_rows(direct, groups({max - 24, 24}), config));
-  CHECK_FALSE(neml2::detail::runs_on_rows(direct, groups({max - 24, 25}), config));
-  // Counted per row from the sizes after the batch axis: a sub-batched group, an empty batch.
-  CHECK_FALSE(neml2::detail::runs_on_rows(std::vector{at::zeros({3, 8, 9}, at::kDouble)}, config));
-  CHECK_FALSE(
-      neml2::detail::runs_on_rows(std::vector{at::zeros({0, max + 1}, at::kDouble)}, config));
-  // Off the CPU's double, or asked off, whatever the size.
-  CHECK_FALSE(neml2::detail::runs_on_rows(std::vector{at::zeros({3, 1}, at::kFloat)}, config));
-  config.row_pass = false;
-  CHECK_FALSE(neml2::detail::runs_on_rows(groups({1}), config));
-  // Above it, LAPACK's rows on the CPU, with the row pass asked off too.
-  CHECK(neml2::detail::solves_by_lapack_rows(groups({max - 24, 25})));
-  CHECK(neml2::detail::solves_by_lapack_rows(std::vector{at::zeros({3, 8, 9}, at::kDouble)}));
-  CHECK_FALSE(neml2::detail::solves_by_lapack_rows(groups({max})));
-  CHECK_FALSE(neml2::detail::solves_by_lapack_rows(std::vector{at::zeros({3, 65}, at::kFloat)}));
+  config.row_pass = true;
+  CHECK(plan_newton(direct, groups({max - 24, 24}), config).strategy == NewtonStrategy::rows);
+  CHECK(plan_newton(direct, groups({max - 24, 25}), config).strategy ==
+        NewtonStrategy::lapack_rows);
+  CHECK(plan_newton(direct, std::vector{at::zeros({3, 8, 9}, at::kDouble)}, config).unknowns == 72);
+  CHECK(plan_newton(direct, std::vector{at::zeros({0, max + 1}, at::kDouble)}, config).strategy ==
+        NewtonStrategy::lapack_rows);
+  // A solve refuses unknowns its plan was not made for.
+  const auto small = groups({2});
+  const auto wrong = plan_newton(direct, groups({3}), config);
+  CHECK_THROWS_AS((void)neml2::detail::newton_solve(direct, wrong, small, {}, {}, config),
+                  neml2::FatalError);
 }
 
 TEST_CASE("which graph checks the rows changes the calls, never the bits, on every implicit "
@@ -581,7 +599,7 @@ TEST_CASE("which graph checks the rows changes the calls, never the bits, on eve
     const auto s = session(model, true);
     for (int step = 0; step < steps; ++step) {
       CAPTURE(step);
-      const auto inputs = tiled(ref.group("s" + std::to_string(step) + "/in"), 5);
+      const auto inputs = tiled_times(ref.group(test::step_name(step) + "/in"), 5);
       std::map<int, std::int64_t> residual_rows; // per forced choice
       std::map<int, TensorMap> outputs;
       for (int forced : {1, 0, -1}) {

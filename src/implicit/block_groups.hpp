@@ -15,7 +15,7 @@
 
 #include <neml2/artifact.hpp>
 
-#include "implicit/newton.hpp"
+#include "implicit/newton_graphs.hpp"
 
 namespace neml2::detail {
 

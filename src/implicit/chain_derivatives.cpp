@@ -9,7 +9,6 @@
 
 #include "implicit/chain_state.hpp"
 #include "implicit/lapack_rows.hpp"
-#include "implicit/newton_rows.hpp"
 #include "implicit/row_ranges.hpp"
 #include "implicit/row_system.hpp"
 #include "implicit/segment_chain.hpp"
@@ -59,19 +58,13 @@ void accumulate(std::vector<at::Tensor>& target, const at::Tensor& block,
 
 namespace {
 
-// Whether the IFT's solves for unknown groups `u` run here rather than in the solve graphs:
-// on the row pass, or on the CPU above its size (lapack_rows.hpp).
-bool solves_on_host(std::span<const at::Tensor> u, const SolverConfig& config) {
-  return runs_on_rows(u, config) || solves_by_lapack_rows(u);
-}
-
-// -A^{-1} C where solves_on_host says.
-at::Tensor minus_solve_on_host(std::span<const at::Tensor> u,
-                               const std::vector<at::Tensor>& a_blocks,
+// -A^{-1} C on the CPU, where the plan says (DerivativeSolve::rows or lapack_rows).
+at::Tensor minus_solve_on_host(const NewtonPlan& plan, const std::vector<at::Tensor>& a_blocks,
                                const std::vector<at::Tensor>& c_blocks,
                                std::size_t residual_groups) {
-  return solves_by_lapack_rows(u) ? minus_solve_lapack_rows(a_blocks, c_blocks, residual_groups)
-                                  : minus_solve_rows(a_blocks, c_blocks, residual_groups);
+  return plan.derivatives == DerivativeSolve::lapack_rows
+             ? minus_solve_lapack_rows(a_blocks, c_blocks, residual_groups)
+             : minus_solve_rows(a_blocks, c_blocks, residual_groups);
 }
 
 } // namespace
@@ -197,12 +190,12 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
                                 const std::vector<at::Tensor>& g,
                                 const std::vector<at::Tensor>& params) const {
   const auto args = graph_args(u, g, params);
-  if (solves_on_host(u, _config)) {
+  if (step.plan.derivatives != DerivativeSolve::graphs) {
     auto a_blocks = call_for_rows(step.newton.jacobian, args);
     a_blocks.resize(step.a_blocks);
-    return ift_pairs(*step.segment,
-                     minus_solve_on_host(u, a_blocks, call_for_rows(step.jacobian_given, args),
-                                         step.segment->residual_groups.size()));
+    return ift_pairs(*step.segment, minus_solve_on_host(step.plan, a_blocks,
+                                                        call_for_rows(step.jacobian_given, args),
+                                                        step.segment->residual_groups.size()));
   }
   auto operators = step.newton.jacobian(args);
   operators.resize(step.a_blocks);
@@ -214,13 +207,13 @@ SegmentChain::input_sensitivity(const ImplicitStep& step, const std::vector<at::
 std::vector<at::Tensor> SegmentChain::param_sensitivity(const ImplicitStep& step,
                                                         const std::vector<at::Tensor>& per_row,
                                                         const DenseLayout& layout) const {
-  const auto u = std::span(per_row).first(step.segment->unknown_groups.size());
-  if (!solves_on_host(u, _config))
+  if (step.plan.derivatives == DerivativeSolve::graphs)
     return step.solve_param(step.dr_dparam(per_row));
   const auto operators = call_for_rows(step.dr_dparam, per_row);
   const auto split = operators.begin() + static_cast<std::ptrdiff_t>(step.a_blocks);
-  const auto du = minus_solve_on_host(u, {operators.begin(), split}, {split, operators.end()},
-                                      step.segment->residual_groups.size());
+  const auto du =
+      minus_solve_on_host(step.plan, {operators.begin(), split}, {split, operators.end()},
+                          step.segment->residual_groups.size());
   std::vector<at::Tensor> pairs;
   for (const auto& pair : step.segment->param_jacobian_pairs)
     pairs.push_back(

@@ -14,8 +14,8 @@
 
 #include "core/cpu_lanes.hpp"
 #include "core/flush_subnormals.hpp"
-#include "implicit/newton_rows.hpp"
 #include "implicit/row_system.hpp"
+#include "implicit/tensor_newton.hpp"
 
 // What torch links: LAPACK's LU (declared as torch declares them). Weak: a torch that
 // exports no LAPACK keeps the solve graphs.
@@ -45,10 +45,8 @@ private:
 
 } // namespace
 
-bool solves_by_lapack_rows(std::span<const at::Tensor> u) {
-  const auto& like = u.front();
-  return dgetrf_ && dgetrs_ && like.is_cpu() && like.scalar_type() == at::kDouble &&
-         unknowns_per_row(u) > row_pass_max_unknowns;
+bool lapack_rows_available() noexcept {
+  return dgetrf_ && dgetrs_;
 }
 
 at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
@@ -91,6 +89,17 @@ at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
         solved[r * m + k] = regular ? -x[r + k * n] : std::numeric_limits<double>::quiet_NaN();
   }
   return out;
+}
+
+std::vector<at::Tensor> lapack_rows_step(const std::vector<at::Tensor>& jacobian,
+                                         std::size_t a_blocks,
+                                         const std::vector<at::Tensor>& like) {
+  const auto b_first = jacobian.begin() + static_cast<std::ptrdiff_t>(a_blocks);
+  const std::vector<at::Tensor> a(jacobian.begin(), b_first);
+  std::vector<at::Tensor> b; // (rows, n_r, 1): one right-hand side
+  for (auto it = b_first; it != jacobian.end(); ++it)
+    b.push_back(it->unsqueeze(2));
+  return split_groups(minus_solve_lapack_rows(a, b, b.size()).squeeze(2).neg(), like);
 }
 
 } // namespace neml2::detail

@@ -11,18 +11,23 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <vector>
 
 #include <ATen/Tensor.h>
 
 namespace neml2::detail {
 
-/// Whether the systems of unknown groups `u` (`(B, ...)` each) are solved by
-/// minus_solve_lapack_rows rather than by a solve graph: on the CPU in double, above
-/// row_pass_max_unknowns (smaller ones are the row pass's, or safe in a graph: MKL
-/// factors them on one thread), where torch exports LAPACK's getrf and getrs.
-[[nodiscard]] bool solves_by_lapack_rows(std::span<const at::Tensor> u);
+/// Whether torch exports LAPACK's getrf and getrs (what minus_solve_lapack_rows calls):
+/// NewtonPlan gives dense systems above row_pass_max_unknowns on the CPU in double to
+/// LAPACK's rows where it does (smaller ones are the row pass's, or safe in a graph: MKL
+/// factors them on one thread).
+[[nodiscard]] bool lapack_rows_available() noexcept;
+
+/// A Newton step du per unknown group (like `(B, n)` each), A du = b, from the jacobian
+/// graph's results (A's `a_blocks` blocks, then b per residual group): LAPACK's rows.
+[[nodiscard]] std::vector<at::Tensor> lapack_rows_step(const std::vector<at::Tensor>& jacobian,
+                                                       std::size_t a_blocks,
+                                                       const std::vector<at::Tensor>& like);
 
 /// -A^{-1} C per row, `(rows, n, m)`: A from its blocks `(rows or 1, n_r, n_u)` (residual
 /// groups outer, unknown groups inner), C from its `(rows or 1, n_r, n_c)` blocks,

@@ -6,8 +6,7 @@
 
 #include <ATen/ATen.h>
 
-#include "implicit/newton.hpp"
-#include "implicit/newton_rows.hpp"
+#include "implicit/newton_plan.hpp"
 
 namespace neml2::detail {
 
@@ -15,17 +14,11 @@ FactorColumns factor_columns(const Artifact& artifact) {
   FactorColumns columns;
   for (const auto& segment : artifact.segments)
     if (const auto* s = std::get_if<ImplicitSegment>(&segment)) {
-      std::int64_t n = 0;
-      for (const auto& u : s->unknowns)
-        n += u.var_size;
-      bool blocks = false;
-      for (const auto* groups : {&s->unknown_groups, &s->given_groups, &s->residual_groups})
-        for (const auto& g : *groups)
-          blocks = blocks || g.block;
-      const bool on_rows = n <= row_pass_max_unknowns && s->matvec_package.empty() && !blocks;
-      columns.first.push_back(on_rows ? columns.width : -1);
-      if (on_rows)
-        columns.width += chord_slot_width(n);
+      const auto shape = newton_shape(*s);
+      const bool slot = has_factor_slot(shape);
+      columns.first.push_back(slot ? columns.width : -1);
+      if (slot)
+        columns.width += chord_slot_width(shape.unknowns);
     }
   return columns;
 }

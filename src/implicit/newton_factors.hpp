@@ -13,9 +13,8 @@
 
 namespace neml2::detail {
 
-/// Per implicit segment (in order), the first value of its slot in a row, or -1 where its
-/// Newton never runs on the row pass (more unknowns than row_pass_max_unknowns, Krylov
-/// steps, block groups); the row's width (0: no segment has a slot).
+/// Per implicit segment (in order), the first value of its slot in a row, or -1 where it
+/// has none (has_factor_slot, newton_plan.hpp); the row's width (0: no segment has a slot).
 struct FactorColumns {
   std::vector<std::int64_t> first;
   std::int64_t width = 0;

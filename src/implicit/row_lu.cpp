@@ -81,13 +81,7 @@ template <int W>
         x[i * columns + c] -= l * x[k * columns + c];
     }
   }
-  for (std::int64_t i = n - 1; i >= 0; --i) {
-    for (std::int64_t k = i + 1; k < n; ++k)
-      for (std::int64_t c = 0; c < columns; ++c)
-        x[i * columns + c] -= a[i * n + k] * x[k * columns + c];
-    for (std::int64_t c = 0; c < columns; ++c)
-      x[i * columns + c] /= a[i * n + i];
-  }
+  lu_back_substitute(a, n, x, columns);
   unsigned bits = 0;
   for (int l = 0; l < W; ++l)
     bits |= (failed[l] != 0 ? 1U : 0U) << l;

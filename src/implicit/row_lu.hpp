@@ -43,6 +43,21 @@ bool lu_factor(T* a, std::int64_t n, std::int64_t* pivot) {
   return true;
 }
 
+/// Overwrites the `n` x `columns` row-major `x` with U^{-1} x, U the upper triangle of the
+/// `n` x `n` row-major `lu` (lu_factor's). `T` is a double, or a vector of them (one row's
+/// system a lane: row_lu.cpp), the same operations in the same order either way.
+template <class T>
+[[gnu::always_inline]] inline void lu_back_substitute(const T* lu, std::int64_t n, T* x,
+                                                      std::int64_t columns) {
+  for (std::int64_t i = n - 1; i >= 0; --i) {
+    for (std::int64_t k = i + 1; k < n; ++k)
+      for (std::int64_t c = 0; c < columns; ++c)
+        x[i * columns + c] -= lu[i * n + k] * x[k * columns + c];
+    for (std::int64_t c = 0; c < columns; ++c)
+      x[i * columns + c] /= lu[i * n + i];
+  }
+}
+
 /// Overwrites the `n` x `columns` row-major `x` (right-hand sides) with A^{-1} x, from
 /// lu_factor's `lu` and `pivot`.
 template <class T>
@@ -55,13 +70,7 @@ void lu_solve(const T* lu, const std::int64_t* pivot, std::int64_t n, T* x, std:
     for (std::int64_t k = 0; k < i; ++k)
       for (std::int64_t c = 0; c < columns; ++c)
         x[i * columns + c] -= lu[i * n + k] * x[k * columns + c];
-  for (std::int64_t i = n - 1; i >= 0; --i) {
-    for (std::int64_t k = i + 1; k < n; ++k)
-      for (std::int64_t c = 0; c < columns; ++c)
-        x[i * columns + c] -= lu[i * n + k] * x[k * columns + c];
-    for (std::int64_t c = 0; c < columns; ++c)
-      x[i * columns + c] /= lu[i * n + i];
-  }
+  lu_back_substitute(lu, n, x, columns);
 }
 
 /// How many rows lu_solve_lanes solves at once on this machine: 8 with AVX-512, 4 with

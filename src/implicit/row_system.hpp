@@ -13,7 +13,7 @@
 
 #include <ATen/Tensor.h>
 
-#include "implicit/newton.hpp"
+#include "implicit/newton_graphs.hpp"
 #include "implicit/row_lu.hpp"
 #include "implicit/row_ranges.hpp"
 
@@ -27,7 +27,7 @@ void for_rows(std::int64_t rows, const F& f) {
   for_row_ranges(rows, row_grain, f);
 }
 
-// The row pass runs in double (runs_on_rows); a result in another type is converted.
+// The row pass runs in double (NewtonStrategy::rows); a result in another type is converted.
 at::Tensor typed(const at::Tensor& t);
 
 // A graph's result read in place: `(rows, n)` or `(rows, n_r, n_c)`, any strides (results

@@ -14,7 +14,6 @@
 
 #include "core/finite_values.hpp"
 #include "implicit/chain_state.hpp"
-#include "implicit/newton_rows.hpp"
 #include "implicit/row_ranges.hpp"
 
 namespace neml2::detail {
@@ -190,12 +189,12 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     };
   // The chord's slots of these rows, where the caller keeps them (NewtonFactors).
   const auto u0 = pack(seg.unknown_groups, guess);
-  const auto factors =
-      chunk.newton_factors.defined() && step.chord_first >= 0
-          ? chunk.newton_factors.narrow(1, step.chord_first, chord_slot_width(unknowns_per_row(u0)))
-          : at::Tensor();
-  auto solved = solve_with_substeps(step.newton, u0, givens, params, _config, step.substeps, du_dg,
-                                    layout.n_params, factors);
+  const auto factors = chunk.newton_factors.defined() && step.plan.factor_column >= 0
+                           ? chunk.newton_factors.narrow(1, step.plan.factor_column,
+                                                         chord_slot_width(step.plan.unknowns))
+                           : at::Tensor();
+  auto solved = solve_with_substeps(step.newton, step.plan, u0, givens, params, _config,
+                                    step.substeps, du_dg, layout.n_params, factors);
 
   // Unpack the unknowns into the state.
   std::map<std::string, const ImplicitVariable*> unknown_spec;

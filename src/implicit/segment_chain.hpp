@@ -33,7 +33,10 @@ using GraphLoader = std::function<GraphFn(const std::string& package, const char
 
 class SegmentChain {
 public:
-  SegmentChain(const Artifact& artifact, const GraphLoader& load);
+  /// The segments of `artifact` on `device` in `dtype` (each implicit segment's Newton
+  /// planned for them: newton_plan.hpp).
+  SegmentChain(const Artifact& artifact, c10::Device device, c10::ScalarType dtype,
+               const GraphLoader& load);
 
   /// forward: the outputs (master order); jacobian: the outputs, then one block
   /// `(rows, *out_base, *in_base)` per jacobian_blocks() entry; jvp: the outputs, then
@@ -73,7 +76,11 @@ public:
   [[nodiscard]] bool solves_with_parameter(std::size_t p) const;
 
   [[nodiscard]] const SolverConfig& solver_config() const noexcept { return _config; }
+  /// Checks `config` and plans each implicit segment's Newton again under it.
   void set_solver_config(const SolverConfig& config);
+
+  /// Each implicit segment's plan, in order.
+  [[nodiscard]] std::vector<NewtonPlan> newton_plans() const;
 
 private:
   struct ForwardStep {
@@ -86,9 +93,10 @@ private:
     NewtonGraphs newton;
     GraphFn predictor, jacobian_given, solve_ift, dr_dparam, solve_param;
     std::vector<std::size_t> params;
-    std::size_t a_blocks = 0;      // residual groups x unknown groups (of the jacobian graph)
-    std::size_t given_blocks = 0;  // residual groups x given groups
-    std::int64_t chord_first = -1; // its slot in a NewtonFactors row (factor_columns)
+    std::size_t a_blocks = 0;     // residual groups x unknown groups (of the jacobian graph)
+    std::size_t given_blocks = 0; // residual groups x given groups
+    NewtonShape shape;            // what its plan is decided from
+    NewtonPlan plan;              // which Newton it runs (newton_plan.hpp)
     SubstepPlan substeps;
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;
@@ -156,6 +164,8 @@ private:
                       const DenseLayout& layout, State& state) const;
 
   const Artifact& _artifact;
+  c10::Device _device;
+  c10::ScalarType _dtype;
   std::vector<Step> _steps;
   std::vector<std::pair<std::size_t, std::size_t>> _jacobian_blocks, _param_jacobian_blocks;
   std::vector<std::size_t> _param_vjp_params;

@@ -131,8 +131,11 @@ std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& group
   return found;
 }
 
-SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load_graph)
+SegmentChain::SegmentChain(const Artifact& artifact, c10::Device device, c10::ScalarType dtype,
+                           const GraphLoader& load_graph)
     : _artifact(artifact)
+    , _device(device)
+    , _dtype(dtype)
     , _config(artifact.solver_config.value_or(SolverConfig{})) {
   const auto load = [&](const std::string& package, const char* listed_as,
                         const std::vector<std::optional<Shape>>& arguments, std::size_t results) {
@@ -195,7 +198,9 @@ SegmentChain::SegmentChain(const Artifact& artifact, const GraphLoader& load_gra
       per_row[u.name] = per_row_shape(u.sub_batch_shape, u.base_shape);
     ImplicitStep step;
     step.segment = &s;
-    step.chord_first = chord.first[implicit_steps++];
+    step.shape = newton_shape(s);
+    step.plan = plan_newton(step.shape, _device, _dtype, _config);
+    step.plan.factor_column = chord.first[implicit_steps++];
     step.params = params_of(s.param_inputs);
     // What each Newton graph takes: the groups packed (B, width), A's blocks (B, r, u)
     // residual by unknown, B's (B, r, g), the parameters as stored (per row for dr_dparam).
@@ -382,6 +387,20 @@ void SegmentChain::set_solver_config(const SolverConfig& config) {
                                    "chord step must bring",
                                    config.chord_rate));
   _config = config;
+  for (auto& step : _steps)
+    if (auto* implicit = std::get_if<ImplicitStep>(&step)) {
+      const auto factor_column = implicit->plan.factor_column;
+      implicit->plan = plan_newton(implicit->shape, _device, _dtype, _config);
+      implicit->plan.factor_column = factor_column;
+    }
+}
+
+std::vector<NewtonPlan> SegmentChain::newton_plans() const {
+  std::vector<NewtonPlan> plans;
+  for (const auto& step : _steps)
+    if (const auto* implicit = std::get_if<ImplicitStep>(&step))
+      plans.push_back(implicit->plan);
+  return plans;
 }
 
 } // namespace neml2::detail

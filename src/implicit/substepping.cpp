@@ -83,15 +83,15 @@ struct Substeps {
 
 } // namespace
 
-NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,
-                                 const std::vector<at::Tensor>& givens,
+NewtonResult solve_with_substeps(const NewtonGraphs& graphs, const NewtonPlan& newton,
+                                 std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens,
                                  const std::vector<at::Tensor>& params, const SolverConfig& config,
                                  const SubstepPlan& plan, const DerivativeFn& du_dg,
                                  std::int64_t extra_columns, const at::Tensor& factors) {
   if (plan.max_level <= 0)
-    return newton_solve(graphs, std::move(u0), givens, params, config, false, factors);
+    return newton_solve(graphs, newton, std::move(u0), givens, params, config, false, factors);
   const auto guesses = u0;
-  auto result = newton_solve(graphs, std::move(u0), givens, params, config, true, factors);
+  auto result = newton_solve(graphs, newton, std::move(u0), givens, params, config, true, factors);
   const auto failed = rows_where(~result.converged);
   if (failed.numel() == 0)
     return result;
@@ -151,7 +151,7 @@ NewtonResult solve_with_substeps(const NewtonGraphs& graphs, std::vector<at::Ten
     for (std::size_t c = 0; c < plan.chains.size(); ++c)
       slice(span, plan.chains[c].old_state).copy_(s.chained[c].index_select(0, active));
 
-    auto solved = newton_solve(graphs, rows_of(s.u, active), span, params, config, true);
+    auto solved = newton_solve(graphs, newton, rows_of(s.u, active), span, params, config, true);
     const auto ok = solved.converged;
     const auto ok_index = rows_where(ok), bad_index = rows_where(~ok);
     const auto ok_rows = active.index_select(0, ok_index);

@@ -51,10 +51,12 @@ struct SubstepPlan {
 /// (apart from NEML2's gate on the relative criterion); rows still failing at the deepest
 /// level fail. With `du_dg`, the derivatives of substepped rows are chained through their
 /// substeps (interpolation weights, old states) into NewtonResult::substepped_du_dg.
-/// `factors`: the chord's (newton_solve), for the whole step only.
-[[nodiscard]] NewtonResult solve_with_substeps(
-    const NewtonGraphs& graphs, std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens,
-    const std::vector<at::Tensor>& params, const SolverConfig& config, const SubstepPlan& plan,
-    const DerivativeFn& du_dg = {}, std::int64_t extra_columns = 0, const at::Tensor& factors = {});
+/// `newton`: the segment's plan; `factors`: the chord's (newton_solve), for the whole step only.
+[[nodiscard]] NewtonResult
+solve_with_substeps(const NewtonGraphs& graphs, const NewtonPlan& newton,
+                    std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens,
+                    const std::vector<at::Tensor>& params, const SolverConfig& config,
+                    const SubstepPlan& plan, const DerivativeFn& du_dg = {},
+                    std::int64_t extra_columns = 0, const at::Tensor& factors = {});
 
 } // namespace neml2::detail

@@ -3,13 +3,13 @@
 
 #include <algorithm>
 #include <map>
-#include <thread>
 #include <variant>
 
 #include <ATen/ATen.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <fmt/format.h>
 
+#include "core/cpu_lanes.hpp"
 #include "core/shape_text.hpp"
 #include "session/session_impl.hpp"
 
@@ -49,7 +49,7 @@ bool broadcast_together(const Shape& a, const Shape& b) {
 
 void Session::Impl::make_chain() {
   chain = std::make_unique<detail::SegmentChain>(
-      *artifact,
+      *artifact, torch_device, dtype,
       [this](const std::string& package, const char* listed_as,
              const std::vector<std::optional<Shape>>& arguments, std::size_t results,
              std::vector<Shape>* result_shapes) -> detail::GraphFn {
@@ -95,8 +95,8 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   m.device = Device(m.torch_device);
   // On the CPU, calls from as many threads as the machine runs at once each get a runner
   // (runners share the graph's constants); elsewhere, the chunks kept in flight.
-  m.runners = std::max<std::size_t>(
-      {concurrency, 1, m.device.is_accelerator() ? 1 : std::thread::hardware_concurrency()});
+  m.runners = m.device.is_accelerator() ? std::max<std::size_t>(concurrency, 1)
+                                        : detail::cpu_runners(concurrency);
   const auto& a = *m.artifact;
 
   for (const auto& v : a.inputs) {

@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include <ATen/ATen.h>
+
 #include "internals.hpp"
 
 namespace test {

@@ -9,6 +9,7 @@
 #include "core/worker_pool.hpp"
 #include "engine/placement.hpp"
 #include "graph/graph.hpp"
+#include "implicit/gmres.hpp"
 #include "implicit/lapack_rows.hpp"
 #include "implicit/newton.hpp"
 #include "implicit/newton_rows.hpp"

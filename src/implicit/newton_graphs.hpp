@@ -1,0 +1,72 @@
+#pragma once
+
+// What every Newton strategy of src/implicit/ shares: a segment's graphs, how they are
+// called, and what a solve returns. Includes no other Newton header. Private to the library.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include <ATen/Tensor.h>
+
+#include "implicit/newton_schedule.hpp"
+
+namespace neml2::detail {
+
+/// A compiled graph: flat tensor list in, flat tensor list out.
+using GraphFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
+
+/// The graphs of one segment's Newton step and how many tensors each returns. A direct
+/// step solves A du = b with `solve`; a Krylov step (`matvec` set; `jacobian` and `solve`
+/// unused, `a_blocks` 0) runs GMRES on the matvec graph, preconditioned when
+/// `precond_setup` and `precond_apply` are set. Which of them a solve calls is its
+/// NewtonPlan's (newton_plan.hpp).
+struct NewtonGraphs {
+  GraphFn residual; ///< (u groups, g groups, params) -> b = -r per residual group
+  GraphFn jacobian; ///< same -> A blocks (residual group x unknown group), then b
+  GraphFn solve;    ///< (A blocks, b) -> du per unknown group
+  std::size_t a_blocks = 0;
+  /// Whether A's blocks are `(B, r, u)` per residual and unknown group, as the row pass
+  /// reads them (not so for block-structured groups: NEML2's per-entry blocks).
+  bool dense_blocks = true;
+  GraphFn matvec; ///< (u groups, g groups, params, v per unknown group) -> A v per residual group
+  GraphFn precond_setup; ///< (u groups, g groups, params) -> the preconditioner's state
+  GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`
+  /// The row pass's choice of graph per check, learned across solves (none: the default).
+  std::shared_ptr<NewtonSchedule> schedule;
+};
+
+/// Up to this many rows, Newton starts from the jacobian graph (one call instead of two
+/// when a row iterates); above, from the residual graph (rows that converge at once never
+/// need A, and the rest may be compacted first).
+inline constexpr std::int64_t first_from_jacobian = 64;
+
+/// What the residual, jacobian and matvec graphs take: the unknown groups, the given
+/// groups, then the parameters.
+[[nodiscard]] std::vector<at::Tensor> graph_args(const std::vector<at::Tensor>& u,
+                                                 const std::vector<at::Tensor>& givens,
+                                                 const std::vector<at::Tensor>& params);
+
+/// Where each row ended.
+struct NewtonResult {
+  std::vector<at::Tensor> u; ///< the unknown groups, `(B, n)`, converged rows solved
+  at::Tensor converged;      ///< `(B,)` bool
+  at::Tensor norm;           ///< `(B,)` the last ||r|| of each row
+  double worst_residual = 0; ///< max ||r|| over rows that failed (NaN if one was not finite)
+  /// `(B,)` int8 RowFailure per row (row_failures.hpp); undefined when every row converged.
+  at::Tensor reasons;
+  std::int64_t iterations = 0;
+  /// Rows that converged in substeps (indices into the batch; undefined when none) and,
+  /// when derivatives were asked for, d(u)/d(givens, extra columns) of each through its
+  /// substeps, `(rows, n_u, n_g + extra)` (see DerivativeFn).
+  at::Tensor substepped, substepped_du_dg;
+};
+
+/// The values of one row's slot for the chord of `n` unknowns: whether it holds a factor,
+/// its LU, its pivots.
+[[nodiscard]] constexpr std::int64_t chord_slot_width(std::int64_t n) {
+  return 1 + n * n + n;
+}
+
+} // namespace neml2::detail
