@@ -11,14 +11,12 @@
 
 using namespace neml2;
 using test::contains;
+using test::load_artifact;
 using test::Scratch;
+using test::write_bytes;
 namespace fs = std::filesystem;
 
 namespace {
-
-std::shared_ptr<const Artifact> load_artifact(const fs::path& root) {
-  return std::make_shared<const Artifact>(read_artifact(root));
-}
 
 // Every operation the model offers, on a few rows of zeros (the results are only compared).
 std::vector<at::Tensor> run_everything(const Session& s) {
@@ -52,11 +50,6 @@ bool same_results(const std::vector<at::Tensor>& a, const std::vector<at::Tensor
     if (!test::identical(a[i], b[i]))
       return false;
   return true;
-}
-
-void write_bytes(const fs::path& file, const std::string& bytes) {
-  fs::remove_all(file);
-  std::ofstream(file, std::ios::binary) << bytes;
 }
 
 // The faults applied to one graph file: each with what the file then holds.

@@ -17,27 +17,14 @@
 
 #include "model_checks.hpp"
 #include "reference.hpp"
+#include "scalar_model.hpp"
+#include "tiled.hpp"
 
 using namespace neml2;
 using test::contains;
+using test::tiled_to_rows;
 
 namespace {
-
-// Each row of `inputs` repeated until there are at least `rows`, each copy perturbed by a
-// few percent (so that rows converge in different numbers of iterations).
-TensorMap tiled(const TensorMap& inputs, std::int64_t rows) {
-  TensorMap out;
-  for (const auto& [name, value] : inputs) {
-    const auto times = (rows + value.size(0) - 1) / value.size(0);
-    auto sizes = std::vector<std::int64_t>(static_cast<std::size_t>(value.dim()), 1);
-    sizes[0] = times;
-    const auto copies = value.repeat(sizes);
-    const auto scale =
-        1 + 0.03 * at::cos(at::arange(copies.size(0), value.options())).reshape({-1, 1});
-    out.emplace(name, (copies.reshape({copies.size(0), -1}) * scale).reshape(copies.sizes()));
-  }
-  return out;
-}
 
 // The same bits, NaN where NaN.
 bool same_bits(const at::Tensor& a, const at::Tensor& b) {
@@ -168,7 +155,7 @@ TEST_CASE("every model, every call: the same bits on 1, 2 and 3 lanes, whole and
     const std::string artifact = c.artifact;
     CAPTURE(artifact);
     const test::Reference ref(c.artifact);
-    const auto in = tiled(ref.group(std::string(c.group) + "/in"), c.rows);
+    const auto in = tiled_to_rows(ref.group(std::string(c.group) + "/in"), c.rows);
     for (const std::int64_t chunk : {std::int64_t{0}, std::int64_t{37}}) {
       CAPTURE(chunk);
       Results one;
@@ -194,7 +181,7 @@ TEST_CASE("every model, every call: the same bits on 1, 2 and 3 lanes, whole and
 
 TEST_CASE("on two lanes, two chunks run at once; the observer sees each with its lane") {
   const test::Reference ref("j2_radial_return");
-  const auto in = tiled(ref.group("s1/in"), 100);
+  const auto in = tiled_to_rows(ref.group("s1/in"), 100);
   AnyDispatchedModel m = load_model(test::stub("j2_radial_return", "model"), "model",
                                     SyncChunking{.batch_size = 10, .cpu_lanes = 2});
   const auto expected =
@@ -219,7 +206,7 @@ TEST_CASE("on two lanes, two chunks run at once; the observer sees each with its
 TEST_CASE("a chunk that fails on a worker lane: its error reaches the caller, the model stays "
           "usable") {
   const test::Reference ref("rates");
-  const auto in = tiled(ref.group("b33/in"), 400);
+  const auto in = tiled_to_rows(ref.group("b33/in"), 400);
   AnyDispatchedModel m =
       load_model(test::stub("rates", "eq"), "eq", SyncChunking{.batch_size = 10, .cpu_lanes = 2});
   const auto expected = m.forward(in);
@@ -250,13 +237,7 @@ TEST_CASE("rows that fail to converge on a worker lane: one ConvergenceError ove
   std::vector<double> a(200, 0.25);
   for (std::size_t k = 0; k < a.size(); k += 7)
     a[k] = k % 2 ? 40.0 : 2.0;
-  const auto rows = static_cast<std::int64_t>(a.size());
-  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
-  const TensorMap in = {{"a", at::tensor(a, at::kDouble)},
-                        {"x", filled(0.5)},
-                        {"x~1", filled(0.5)},
-                        {"t", filled(0.1)},
-                        {"t~1", filled(0.0)}};
+  const auto in = test::scalar_inputs(a);
   auto one = load_model(test::stub("scalar_backward_euler", "model"), "model",
                         SyncChunking{.batch_size = 9, .cpu_lanes = 1});
   auto two = load_model(test::stub("scalar_backward_euler", "model"), "model",
@@ -287,7 +268,7 @@ TEST_CASE("rows that fail to converge on a worker lane: one ConvergenceError ove
 
 TEST_CASE("the interrupt check stops a laned call: no chunk starts after it") {
   const test::Reference ref("rates");
-  const auto in = tiled(ref.group("b33/in"), 400);
+  const auto in = tiled_to_rows(ref.group("b33/in"), 400);
   AnyDispatchedModel m =
       load_model(test::stub("rates", "eq"), "eq", SyncChunking{.batch_size = 4, .cpu_lanes = 2});
   std::atomic<int> chunks{0};
@@ -333,7 +314,7 @@ TEST_CASE("the interrupt check stops a laned call: no chunk starts after it") {
 
 TEST_CASE("an observer on a lane may call models, its own included") {
   const test::Reference ref("elasticity");
-  const auto in = tiled(ref.group("b33/in"), 200);
+  const auto in = tiled_to_rows(ref.group("b33/in"), 200);
   AnyDispatchedModel m = load_model(test::stub("elasticity", "elasticity"), "elasticity",
                                     SyncChunking{.batch_size = 20, .cpu_lanes = 2});
   const auto expected = m.forward(in);
@@ -350,7 +331,7 @@ TEST_CASE("an observer on a lane may call models, its own included") {
 
 TEST_CASE("several callers of one laned model: each call exact") {
   const test::Reference ref("j2_radial_return");
-  const auto in = tiled(ref.group("s1/in"), 300);
+  const auto in = tiled_to_rows(ref.group("s1/in"), 300);
   const auto m =
       load_model(test::stub("j2_radial_return", "model"), "model", SyncChunking{.cpu_lanes = 2});
   const auto expected =
@@ -371,7 +352,7 @@ TEST_CASE("several callers of one laned model: each call exact") {
 
 TEST_CASE("GreedyPriorityCapacity: a CPU chunk in pieces over the lanes, the same bits") {
   const test::Reference ref("perzyna_viscoplasticity");
-  const auto in = tiled(ref.group("s1/in"), 500);
+  const auto in = tiled_to_rows(ref.group("s1/in"), 500);
   const auto policy = [](std::int64_t lanes) {
     return GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {200}, .cpu_lanes = lanes};
   };
@@ -414,7 +395,7 @@ TEST_CASE("MaterialState: a history with cut points, on 1, 2 and 3 lanes, the sa
   const test::Reference ref("chaboche_viscoplasticity");
   std::vector<TensorMap> steps;
   for (int n = 0; n < 5; ++n)
-    steps.push_back(tiled(ref.group("s" + std::to_string(n) + "/in"), 300));
+    steps.push_back(tiled_to_rows(ref.group(test::step_name(n) + "/in"), 300));
   const auto points = steps.front().begin()->second.size(0);
   std::vector<std::vector<at::Tensor>> histories;
   for (const std::int64_t lanes : {1, 2, 3}) {

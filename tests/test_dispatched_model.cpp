@@ -16,9 +16,11 @@
 #include "counting_allocator.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
+#include "scalar_model.hpp"
 
 using namespace neml2;
 using test::contains;
+using test::load;
 
 namespace {
 
@@ -91,12 +93,6 @@ struct Recorder {
     return sorted;
   }
 };
-
-template <class Policy>
-DispatchedModel<Policy> load(const std::string& artifact, const std::string& model,
-                             Policy policy = {}) {
-  return load_model(test::stub(artifact, model), model, std::move(policy));
-}
 
 std::size_t threads_in_process() {
   std::size_t n = 0;
@@ -636,13 +632,7 @@ TEST_CASE("implicit models through the pool: the same rows, one mask over the ba
   for (int k = 0; k < 4; ++k)
     for (double v : {1.0, -50.0, 2.0, nan, 0.3})
       a.push_back(v);
-  const auto rows = static_cast<std::int64_t>(a.size());
-  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
-  const TensorMap in = {{"a", at::tensor(a, at::kDouble)},
-                        {"x", filled(0.5)},
-                        {"x~1", filled(0.5)},
-                        {"t", filled(0.1)},
-                        {"t~1", filled(0.0)}};
+  const auto in = test::scalar_inputs(a);
   const auto failure = [&](const auto& model) {
     try {
       (void)model.forward(in);

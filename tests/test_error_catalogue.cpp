@@ -19,7 +19,9 @@
 
 using namespace neml2;
 using test::contains;
+using test::load_artifact;
 using test::Scratch;
+using test::write_bytes;
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 
@@ -53,10 +55,6 @@ void fails_with(F&& f, const std::string& part) {
   CHECK_MESSAGE(contains(message, part), message);
 }
 
-std::shared_ptr<const Artifact> load_artifact(const fs::path& root) {
-  return std::make_shared<const Artifact>(read_artifact(root));
-}
-
 // Loading root's graphs for the CPU (metadata.json first) fails with `part`.
 void loading_fails_with(const fs::path& root, const std::string& part) {
   fails_with([&] { return Session(load_artifact(root), "cpu"); }, part);
@@ -78,11 +76,6 @@ void edited_loading_fails_with(const std::string& artifact, const std::string& m
   const auto root = s.copy_root(artifact, model);
   edit_metadata(root, edit);
   loading_fails_with(root, part);
-}
-
-void write_bytes(const fs::path& file, const std::string& bytes) {
-  fs::remove_all(file);
-  std::ofstream(file, std::ios::binary) << bytes;
 }
 
 // A copy of graph package `file`, rewritten record by record through PyTorch's own archive

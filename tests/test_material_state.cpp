@@ -9,15 +9,12 @@
 #include "scalar_model.hpp"
 
 using namespace neml2;
+using test::step_name;
 
 namespace {
 
-std::string step_name(int s) {
-  return "s" + std::to_string(s);
-}
-
 DispatchedModel<SyncChunking> load(const std::string& artifact, SyncChunking policy = {}) {
-  return load_model(test::stub(artifact, "model"), "model", policy);
+  return test::load(artifact, "model", policy);
 }
 
 // The implicit models with a reference history (tools/make_reference.py --history), its

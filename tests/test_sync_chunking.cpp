@@ -8,16 +8,7 @@
 
 using namespace neml2;
 using test::contains;
-
-namespace {
-
-template <class Policy = SyncChunking>
-DispatchedModel<Policy> load(const std::string& artifact, const std::string& model,
-                             Policy policy = {}) {
-  return load_model(test::stub(artifact, model), model, policy);
-}
-
-} // namespace
+using test::load;
 
 TEST_CASE("every chunk size gives the eager numbers: 1, 3, the batch and 0") {
   for (std::int64_t rows : {1, 3, 7, 33, 0}) {

@@ -791,14 +791,17 @@ TEST_CASE("the lane test runs once per device, and its timings make chunk_overhe
 TEST_CASE("tune() on a real model: a table whose keys match this machine") {
   const auto artifact = elasticity();
   std::vector<std::int64_t> seen;
-  TuneOptions options{.sweep = {.max_rows = 64, .refine_rounds = 1, .budget_seconds = 5},
-                      .repeats = 2,
-                      .batch_rows = 64,
-                      .max_chunks = 64,
-                      .on_point = [&](std::size_t d, const TunePoint& p, const Sweep&) {
-                        CHECK(d == 0);
-                        seen.push_back(p.rows);
-                      }};
+  TuneOptions options{
+      .sweep = {.max_rows = 64, .refine_rounds = 1, .budget_seconds = 5},
+      .repeats = 2,
+      .batch_rows = 64,
+      .max_chunks = 64,
+      .on_point = [&](std::size_t d, const TunePoint& p, const SweepProgress& progress) {
+        CHECK(d == 0);
+        CHECK(progress.budget_seconds == 5);
+        CHECK(progress.spent_seconds > 0);
+        seen.push_back(p.rows);
+      }};
   const auto r = tune(artifact, {"cpu"}, options, "elasticity");
   REQUIRE(r.devices.size() == 1);
   const auto& curve = r.devices[0];

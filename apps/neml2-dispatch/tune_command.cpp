@@ -8,7 +8,6 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
-#include <neml2/detail/tune_decisions.hpp>
 #include <neml2/tune.hpp>
 
 #include "arguments.hpp"
@@ -24,9 +23,8 @@ struct Progress {
   bool bar = ::isatty(STDERR_FILENO) != 0;
 
   void operator()(std::size_t d, const neml2::TunePoint& p,
-                  const neml2::detail::Sweep& sweep) const {
-    const auto budget = sweep.options().budget_seconds;
-    const auto left = std::max(0.0, budget - sweep.spent());
+                  const neml2::SweepProgress& sweep) const {
+    const auto left = sweep.seconds_left();
     const auto name = devices[d].str();
     if (!bar) {
       if (p.out_of_memory)
@@ -37,7 +35,8 @@ struct Progress {
       return;
     }
     constexpr int width = 30;
-    const auto done = static_cast<int>(width * std::min(1.0, sweep.spent() / budget));
+    const auto done =
+        static_cast<int>(width * std::min(1.0, sweep.spent_seconds / sweep.budget_seconds));
     fmt::print(stderr, "\r{} [{}{}] {:>9} rows  {:>6.1f} s left at most  ", name,
                std::string(static_cast<std::size_t>(done), '#'),
                std::string(static_cast<std::size_t>(width - done), '.'), p.rows, left);
@@ -103,7 +102,7 @@ struct TuneCommand {
         .on_point = {}};
     std::size_t last = 0;
     options.on_point = [&](std::size_t d, const neml2::TunePoint& p,
-                           const neml2::detail::Sweep& s) {
+                           const neml2::SweepProgress& s) {
       if (d != last)
         progress.device_done();
       last = d;

@@ -187,4 +187,9 @@ inline c10::Device Device::torch() const {
           static_cast<c10::DeviceIndex>(has_index() ? _index : -1)};
 }
 
+/// The most lanes the CPU's chunks of a call may run on: what a policy's `cpu_lanes` (a data
+/// member or a member function; 0 or none: torch's intra-op thread count,
+/// at::get_num_threads(), at each call) may ask for (<neml2/policy.hpp>).
+inline constexpr std::int64_t max_cpu_lanes = 1024;
+
 } // namespace neml2

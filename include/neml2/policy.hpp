@@ -77,10 +77,6 @@ struct ChunkChoice {
 /// (`chunks_in_flight(d)`; a worker each).
 inline constexpr std::int64_t max_chunks_in_flight = 1024;
 
-/// The most lanes a policy may ask for its CPU chunks (`cpu_lanes`, a data member or a member
-/// function; 0 or none: torch's intra-op thread count, at::get_num_threads(), at each call).
-inline constexpr std::int64_t max_cpu_lanes = 1024;
-
 /// The state of a policy that keeps none.
 struct no_state {};
 

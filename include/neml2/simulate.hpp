@@ -158,7 +158,8 @@ private:
 };
 
 /// The lanes each of `devices` computes on for a policy asking `requested` CPU lanes: on the
-/// CPU `requested`, or for 0 its simulated intra_op_threads (checked >= 1); 1 elsewhere.
+/// CPU `requested`, or for 0 its simulated intra_op_threads (checked >= 1), as a model
+/// resolves them (detail::resolve_cpu_lanes, src/core/cpu_lanes.hpp); 1 elsewhere.
 [[nodiscard]] std::vector<std::size_t> simulated_lanes(const std::vector<Device>& devices,
                                                        std::span<const SimulatedDevice> simulated,
                                                        std::size_t requested);

@@ -42,10 +42,6 @@
 
 namespace neml2 {
 
-namespace detail {
-class Sweep; // what TuneOptions::on_point sees (<neml2/detail/tune_decisions.hpp>)
-} // namespace detail
-
 // ---------------------------------------------------------------------------- the sweep
 
 /// What one measurement of a size gave (what a sweep's record() takes).
@@ -99,6 +95,17 @@ enum class SweepStop { finished, budget, out_of_memory_wall, cap };
 
 /// The stop's name, as the tune file writes it: "finished", "budget", ...
 [[nodiscard]] std::string to_string(SweepStop stop);
+
+/// Where a device's sweep stands when TuneOptions::on_point sees one of its points: the
+/// seconds its measurements took so far against its budget (a progress bar's).
+struct SweepProgress {
+  double spent_seconds = 0;  ///< seconds the device's measurements took so far, warm-up included
+  double budget_seconds = 0; ///< SweepOptions::budget_seconds: nothing is measured past it
+  /// Seconds of budget left (0 once it is spent).
+  [[nodiscard]] double seconds_left() const noexcept {
+    return spent_seconds < budget_seconds ? budget_seconds - spent_seconds : 0.0;
+  }
+};
 
 // ---------------------------------------------------------------------------- the table
 
@@ -292,8 +299,8 @@ struct TuneOptions {
   /// torch's intra-op count): those of the policies you will run. The table states the
   /// number (MachineKey::cpu_lanes); its CPU rows are one lane's chunk.
   std::int64_t cpu_lanes = 0;
-  /// Called after each point (device index, point, the device's sweep).
-  std::function<void(std::size_t, const TunePoint&, const detail::Sweep&)> on_point = {};
+  /// Called after each point (device index, point, where the device's sweep stands).
+  std::function<void(std::size_t, const TunePoint&, const SweepProgress&)> on_point = {};
   /// Called after each device's lane test (device index, the calls through the calling
   /// thread, the same calls through the pool, chunks per call): what chunk_overhead was
   /// made from.

@@ -26,7 +26,7 @@ using namespace pybind11::literals;
 
 // on_point(device index, point as a dict), with the GIL taken; a Python exception stops
 // the sweep as a FatalError that names the callback.
-std::function<void(std::size_t, const TunePoint&, const neml2::detail::Sweep&)>
+std::function<void(std::size_t, const TunePoint&, const neml2::SweepProgress&)>
 as_on_point(py::object callable) {
   if (callable.is_none())
     return {};
@@ -34,7 +34,7 @@ as_on_point(py::object callable) {
     throw FatalError("tune(): on_point is a " + type_name(callable) +
                      "; it must be callable as on_point(device_index, point) or None");
   return [held = hold(std::move(callable))](std::size_t device, const TunePoint& p,
-                                            const neml2::detail::Sweep&) {
+                                            const neml2::SweepProgress&) {
     run_callback("tune(): the on_point callback", [&] {
       (*held)(device,
               py::dict("rows"_a = p.rows, "median"_a = p.median, "low"_a = p.low, "high"_a = p.high,

@@ -11,10 +11,15 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <string>
+#include <thread>
 
 #include <ATen/Parallel.h>
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
+
+#include <neml2/device.hpp>
+#include <neml2/errors.hpp>
 
 #if defined(__SANITIZE_THREAD__)
 #define NEML2_DISPATCH_LANES_TSAN 1
@@ -95,13 +100,43 @@ MklOnThisThread::~MklOnThisThread() {
     MKL_Set_Num_Threads_Local(_before);
 }
 
-std::size_t cpu_lanes(std::size_t requested) {
-  if (in_lane || omp_in_parallel())
-    return 1;
-  if (requested > 0)
-    return requested;
+LaneLimits lane_limits_here(std::size_t runners, std::size_t work) {
   const auto threads = threads_outside_call > 0 ? threads_outside_call : at::get_num_threads();
-  return static_cast<std::size_t>(std::max(1, threads));
+  return {.threads = static_cast<std::size_t>(std::max(1, threads)),
+          .runners = runners,
+          .work = work,
+          .nested = in_lane || omp_in_parallel() != 0};
+}
+
+std::size_t cpu_runners(std::size_t concurrency) {
+  return std::max<std::size_t>({concurrency, 1, std::thread::hardware_concurrency()});
+}
+
+std::size_t resolve_cpu_lanes(std::int64_t requested, const LaneLimits& limits,
+                              LanesAskedBy asker) {
+  if (requested < 0 || requested > max_cpu_lanes) {
+    const auto count = std::to_string(requested), most = std::to_string(max_cpu_lanes);
+    switch (asker) {
+    case LanesAskedBy::tune:
+      throw FatalError("tune(): cpu_lanes is " + count +
+                       "; give 0 (torch's intra-op thread count) to " + most +
+                       " (the lanes the CPU's chunks are measured on)");
+    case LanesAskedBy::current_machine:
+      throw FatalError("cpu_lanes is " + count + "; give 0 (torch's intra-op thread count) to " +
+                       most + " (the lanes the CPU's chunks run on)");
+    case LanesAskedBy::policy:
+      break;
+    }
+    throw FatalError("the dispatch policy's cpu_lanes is " + count +
+                     "; it must be 0 (one lane per intra-op thread: at::get_num_threads()) to " +
+                     most +
+                     " (threads that run the CPU's chunks side by side, the calling one included)");
+  }
+  if (limits.nested)
+    return 1;
+  const auto asked = requested > 0 ? static_cast<std::size_t>(requested)
+                                   : std::max<std::size_t>(limits.threads, 1);
+  return std::max<std::size_t>(std::min({asked, limits.runners, limits.work}), 1);
 }
 
 CallOnItsLanes::CallOnItsLanes() noexcept

@@ -4,14 +4,51 @@
 // team (src/core/cpu_lanes.cpp, the one file compiled with OpenMP).
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
+#include <limits>
 
 namespace neml2::detail {
 
-/// The lanes a CPU call asking for `requested` (0: torch's intra-op thread count,
-/// at::get_num_threads(), as it was before any CallOnItsLanes of this thread) may run on: 1
-/// inside a lane, or inside any OpenMP parallel region.
-[[nodiscard]] std::size_t cpu_lanes(std::size_t requested);
+/// What a CPU call's lanes are resolved against (resolve_cpu_lanes).
+struct LaneLimits {
+  static constexpr std::size_t none = std::numeric_limits<std::size_t>::max();
+  /// The lanes a request of 0 stands for: torch's intra-op thread count in a model
+  /// (lane_limits_here()), a simulated node's in the simulator.
+  std::size_t threads = 1;
+  /// The graphs' AOTI runners: a lane beyond them would wait for one.
+  std::size_t runners = none;
+  /// The pieces (or chunks) the call runs: a lane beyond them would have none.
+  std::size_t work = none;
+  /// Inside a lane or another OpenMP parallel region: the call runs on its own thread.
+  bool nested = false;
+};
+
+/// The limits of a CPU call on this thread now, whose graphs have `runners` runners, of
+/// `work` pieces: torch's intra-op thread count as it was before any CallOnItsLanes of this
+/// thread (at::get_num_threads(), at least 1), and whether the thread is in a lane or in
+/// any OpenMP parallel region.
+[[nodiscard]] LaneLimits lane_limits_here(std::size_t runners, std::size_t work = LaneLimits::none);
+
+/// The AOTI runners a CPU session makes for `concurrency` calls at once: one per hardware
+/// thread, and at least `concurrency` (a model's CPU session: one per lane its policy asks
+/// for).
+[[nodiscard]] std::size_t cpu_runners(std::size_t concurrency);
+
+/// Whose lane count resolve_cpu_lanes refuses: each is refused in its own words.
+enum class LanesAskedBy {
+  policy,          ///< a policy's cpu_lanes (DispatchedModel, simulate())
+  tune,            ///< TuneOptions::cpu_lanes (tune())
+  current_machine, ///< current_machine()'s cpu_lanes (the machine key of a tune file)
+};
+
+/// The lanes a CPU call runs on, the one rule (a model's calls, a tune file's machine key,
+/// the simulator's virtual node): `requested` (a policy's cpu_lanes) must be 0 to
+/// max_cpu_lanes, else a FatalError in `asker`'s words; then 1 when `limits.nested`,
+/// else `requested`, 0 standing for `limits.threads`, at most `limits.runners` and
+/// `limits.work`, and at least 1.
+[[nodiscard]] std::size_t resolve_cpu_lanes(std::int64_t requested, const LaneLimits& limits,
+                                            LanesAskedBy asker = LanesAskedBy::policy);
 
 /// @brief While it lives, MKL (LAPACK, BLAS) runs on this thread alone; nothing without MKL.
 class MklOnThisThread {

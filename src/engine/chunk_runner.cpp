@@ -50,15 +50,15 @@ void add(Gatherer& results, std::size_t index, std::int64_t first, std::int64_t 
 }
 
 // Runs run(lane, i, first, n, chunk) for the pieces of `piece` rows covering rows
-// [first, first + rows), each on one of `lanes` lanes, taken in order; `chunk` is the
-// lane's own. The calling thread (lane 0) asks the interrupt check before it takes a piece,
-// unless no lane has taken one yet and `asks_first` is false: a stop leaves the pieces
-// taken before it, [0, k), and nothing after. After a piece throws none starts, and
-// what the lowest of those that threw threw is rethrown: what one lane taking them in order
-// would have thrown.
+// [first, first + rows), each on one of device `d`'s lanes (lanes_for: no more than the
+// pieces), taken in order; `chunk` is the lane's own. The calling thread (lane 0) asks the
+// interrupt check before it takes a piece, unless no lane has taken one yet and
+// `asks_first` is false: a stop leaves the pieces taken before it, [0, k), and nothing
+// after. After a piece throws none starts, and what the lowest of those that threw threw
+// is rethrown: what one lane taking them in order would have thrown.
 template <class Run>
-void on_lanes(const ModelCore::State& core, std::size_t lanes, std::int64_t first,
-              std::int64_t rows, std::int64_t piece, bool asks_first, const Run& run) {
+void on_lanes(const ModelCore::State& core, std::size_t d, std::int64_t first, std::int64_t rows,
+              std::int64_t piece, bool asks_first, const Run& run) {
   if (rows <= 0 || piece <= 0)
     return;
   const auto pieces = (rows + piece - 1) / piece;
@@ -75,31 +75,30 @@ void on_lanes(const ModelCore::State& core, std::size_t lanes, std::int64_t firs
       failed = std::current_exception();
     }
   };
-  run_on_lanes(
-      std::min<std::size_t>(lanes, static_cast<std::size_t>(pieces)), [&](std::size_t lane) {
-        ChunkArgs chunk;
-        while (!stop.load(std::memory_order_relaxed)) {
-          // Asked before a chunk is taken, so that one it stops leaves no hole behind.
-          if (const auto taken = next.load();
-              lane == 0 && taken < pieces && (asks_first || taken > 0)) {
-            try {
-              ask_interrupt_check(core);
-            } catch (...) {
-              fail(next.load());
-              return;
-            }
-          }
-          const auto i = next.fetch_add(1);
-          if (i >= pieces)
-            return;
-          try {
-            const auto at = first + i * piece;
-            run(lane, static_cast<std::size_t>(i), at, std::min(piece, first + rows - at), chunk);
-          } catch (...) {
-            fail(i);
-          }
+  run_on_lanes(lanes_for(core, d, static_cast<std::size_t>(pieces)), [&](std::size_t lane) {
+    ChunkArgs chunk;
+    while (!stop.load(std::memory_order_relaxed)) {
+      // Asked before a chunk is taken, so that one it stops leaves no hole behind.
+      if (const auto taken = next.load();
+          lane == 0 && taken < pieces && (asks_first || taken > 0)) {
+        try {
+          ask_interrupt_check(core);
+        } catch (...) {
+          fail(next.load());
+          return;
         }
-      });
+      }
+      const auto i = next.fetch_add(1);
+      if (i >= pieces)
+        return;
+      try {
+        const auto at = first + i * piece;
+        run(lane, static_cast<std::size_t>(i), at, std::min(piece, first + rows - at), chunk);
+      } catch (...) {
+        fail(i);
+      }
+    }
+  });
   if (failed)
     std::rethrow_exception(failed);
 }
@@ -107,9 +106,9 @@ void on_lanes(const ModelCore::State& core, std::size_t lanes, std::int64_t firs
 // Rows [first, first + rows) of the call on the CPU in pieces of `piece` rows over the
 // lanes, into `results` as chunk `index` (the policy sees one chunk: no hook per piece).
 void run_pieces(const ModelCore::State& core, Operation op, const BoundCall& call,
-                Gatherer& results, std::size_t d, std::size_t lanes, std::int64_t first,
-                std::int64_t rows, std::int64_t piece, std::size_t index) {
-  on_lanes(core, lanes, first, rows, piece, /*asks_first=*/false,
+                Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
+                std::int64_t piece, std::size_t index) {
+  on_lanes(core, d, first, rows, piece, /*asks_first=*/false,
            [&](std::size_t, std::size_t i, std::int64_t at, std::int64_t n, ChunkArgs& chunk) {
              take_rows(call, at, n, core.compute[d], chunk);
              add(results, index, at, n,
@@ -125,11 +124,11 @@ std::int64_t pieces_of(const ModelCore::State& core, const BoundCall& call, std:
 }
 } // namespace
 
-std::size_t lanes_for(const ModelCore::State& core, std::size_t d) {
+std::size_t lanes_for(const ModelCore::State& core, std::size_t d, std::size_t work) {
   if (!core.compute[d].is_cpu())
     return 1;
-  // No more than the graphs' runners: a lane beyond them would wait for one.
-  return std::min(cpu_lanes(core.cpu_lanes), CallProtocol::runners(core.sessions[d]));
+  return resolve_cpu_lanes(static_cast<std::int64_t>(core.cpu_lanes),
+                           lane_limits_here(CallProtocol::runners(core.sessions[d]), work));
 }
 
 BoundRequest bind(const ModelCore::State& core, Request& request) {
@@ -148,12 +147,12 @@ BoundRequest bind(const ModelCore::State& core, Request& request) {
 
 std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op, BoundCall& call,
                                   std::size_t d, const std::vector<at::Tensor>& targets) {
-  const auto lanes = lanes_for(core, d);
   if (const auto piece = pieces_of(core, call, d, call.batch); piece > 0) {
-    Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/lanes > 1, targets);
+    Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/lanes_for(core, d) > 1,
+                     targets);
     if (core.before_chunk) // the policy sees one chunk
       core.before_chunk(core.event(0, d, 0, call.batch, 0));
-    run_pieces(core, op, call, results, d, lanes, 0, call.batch, piece, 0);
+    run_pieces(core, op, call, results, d, 0, call.batch, piece, 0);
     return std::move(results).finish();
   }
   ChunkArgs chunk;
@@ -177,7 +176,7 @@ void run_chunks(const ModelCore::State& core, Operation op, const BoundCall& cal
                 Gatherer& results, std::size_t d, std::int64_t rows) {
   std::recursive_mutex observing; // the observer sees one chunk at a time (and may call back)
   on_lanes(
-      core, lanes_for(core, d), 0, call.batch, rows, /*asks_first=*/false,
+      core, d, 0, call.batch, rows, /*asks_first=*/false,
       [&](std::size_t lane, std::size_t index, std::int64_t first, std::int64_t n,
           ChunkArgs& chunk) {
         const auto start = core.observer ? steady_clock::now() : steady_clock::time_point{};
@@ -200,7 +199,6 @@ void run_chunks(const ModelCore::State& core, Operation op, const BoundCall& cal
 void run_chunk_on_lanes(const ModelCore::State& core, Operation op, const BoundCall& call,
                         Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
                         std::size_t index) {
-  const auto lanes = lanes_for(core, d);
   const auto piece = pieces_of(core, call, d, rows);
   if (piece == 0) {
     ChunkArgs chunk;
@@ -210,7 +208,7 @@ void run_chunk_on_lanes(const ModelCore::State& core, Operation op, const BoundC
   }
   if (core.before_chunk)
     core.before_chunk(core.event(index, d, first, rows, 0));
-  run_pieces(core, op, call, results, d, lanes, first, rows, piece, index);
+  run_pieces(core, op, call, results, d, first, rows, piece, index);
 }
 
 void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gatherer& results,

@@ -10,6 +10,7 @@
 
 #include <neml2/detail/request.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "engine/gatherer.hpp"
 #include "engine/model_core.hpp"
 #include "graph/call.hpp"
@@ -24,9 +25,11 @@ struct BoundRequest {
 };
 [[nodiscard]] BoundRequest bind(const ModelCore::State& core, Request& request);
 
-/// The lanes a call on device `d` may use: the policy's cpu_lanes on the CPU (see
-/// cpu_lanes()), 1 elsewhere.
-[[nodiscard]] std::size_t lanes_for(const ModelCore::State& core, std::size_t d);
+/// The lanes a call on device `d` of `work` pieces (or chunks) runs on: on the CPU the
+/// policy's cpu_lanes resolved on this thread against the session's runners
+/// (resolve_cpu_lanes), 1 elsewhere.
+[[nodiscard]] std::size_t lanes_for(const ModelCore::State& core, std::size_t d,
+                                    std::size_t work = LaneLimits::none);
 
 /// The whole call as one chunk on device `d` (the inputs' device): no slicing, no copy
 /// (into `targets` when given); on the CPU a large batch runs in pieces (see piece_rows())

@@ -7,6 +7,8 @@
 #include <neml2/detail/policy_protocol.hpp>
 #include <neml2/errors.hpp>
 
+#include "core/cpu_lanes.hpp"
+
 namespace neml2::detail {
 
 std::size_t compute_device_index(const std::vector<Device>& devices, const Device& chosen) {
@@ -36,11 +38,8 @@ std::size_t checked_chunks_in_flight(std::int64_t answer, const Device& device) 
 }
 
 std::size_t checked_cpu_lanes(std::int64_t answer) {
-  if (answer < 0 || answer > max_cpu_lanes)
-    throw FatalError("the dispatch policy's cpu_lanes is " + std::to_string(answer) +
-                     "; it must be 0 (one lane per intra-op thread: at::get_num_threads()) to " +
-                     std::to_string(max_cpu_lanes) +
-                     " (threads that run the CPU's chunks side by side, the calling one included)");
+  // Refused by the rule itself, when the model is made; resolved at each call (lanes_for).
+  (void)resolve_cpu_lanes(answer, {});
   return static_cast<std::size_t>(answer);
 }
 

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <fstream>
 #include <sstream>
-#include <thread>
 
 #include <ATen/Parallel.h>
 #include <c10/util/hash.h>
@@ -32,17 +31,14 @@ static std::string host_cpu_name() {
   return "unknown CPU";
 }
 
-// The lanes a model's CPU call runs on when its policy asks for `requested`: as the engine
-// resolves them (src/engine/chunk_runner.cpp, lanes_for): detail::cpu_lanes(), at most the
-// graphs' runners, which a CPU session makes for max(requested, hardware threads).
+// The lanes a model's CPU call runs on when its policy asks for `requested`, as the engine
+// resolves them (src/engine/chunk_runner.cpp, lanes_for): on this thread, against the
+// runners its CPU session makes for them (a count out of range needs none: it is refused).
 static int resolved_cpu_lanes(std::int64_t requested) {
-  if (requested < 0 || requested > max_cpu_lanes)
-    throw FatalError(fmt::format("cpu_lanes is {}; give 0 (torch's intra-op thread count) to {} "
-                                 "(the lanes the CPU's chunks run on)",
-                                 requested, max_cpu_lanes));
-  const auto asked = static_cast<std::size_t>(requested);
-  const auto runners = std::max<std::size_t>({asked, 1, std::thread::hardware_concurrency()});
-  return static_cast<int>(std::min(detail::cpu_lanes(asked), runners));
+  const auto runners =
+      detail::cpu_runners(static_cast<std::size_t>(std::max<std::int64_t>(requested, 0)));
+  return static_cast<int>(detail::resolve_cpu_lanes(requested, detail::lane_limits_here(runners),
+                                                    detail::LanesAskedBy::current_machine));
 }
 
 MachineKey current_machine(c10::ScalarType dtype, std::int64_t cpu_lanes) {

@@ -6,6 +6,8 @@
 
 #include <neml2/simulate.hpp>
 
+#include "core/cpu_lanes.hpp"
+
 namespace neml2 {
 
 ThroughputCurve::ThroughputCurve(std::vector<std::pair<std::int64_t, double>> points)
@@ -97,7 +99,10 @@ std::vector<std::size_t> simulated_lanes(const std::vector<Device>& devices,
       simulate_refuse(fmt::format("simulated device {} ({}) has intra_op_threads {}, the lanes a "
                                   "policy's cpu_lanes of 0 runs on; give 1 to {}",
                                   d, devices[d].str(), threads, max_cpu_lanes));
-    lanes[d] = requested > 0 ? requested : static_cast<std::size_t>(threads);
+    // A model's rule on a virtual node: 0 stands for its simulated threads (read only for 0,
+    // checked above); no runners to cap them, never inside a lane.
+    lanes[d] = resolve_cpu_lanes(static_cast<std::int64_t>(requested),
+                                 {.threads = static_cast<std::size_t>(threads)});
   }
   return lanes;
 }

@@ -21,6 +21,7 @@
 #include <neml2/dispatched_model.hpp>
 #include <neml2/tune.hpp>
 
+#include "core/cpu_lanes.hpp"
 #include "core/stopwatch.hpp"
 #include "tools/cuda_driver.hpp"
 
@@ -249,10 +250,8 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
                                  options.repeats, options.warmup, options.batch_rows,
                                  options.max_chunks));
   (void)detail::Sweep(options.sweep); // the sweep as given (each device's own raises min_rows)
-  if (options.cpu_lanes < 0 || options.cpu_lanes > max_cpu_lanes)
-    throw FatalError(fmt::format("tune(): cpu_lanes is {}; give 0 (torch's intra-op thread count) "
-                                 "to {} (the lanes the CPU's chunks are measured on)",
-                                 options.cpu_lanes, max_cpu_lanes));
+  // Lanes out of range refused in tune()'s words (the models below resolve them).
+  (void)detail::resolve_cpu_lanes(options.cpu_lanes, {}, detail::LanesAskedBy::tune);
   const auto call_rows = [&](std::int64_t rows) { return std::max(options.batch_rows, rows); };
   // The lanes the CPU is measured on, as the models below resolve them (stated in the file).
   TuneResult result{.model = model,
@@ -292,7 +291,8 @@ TuneResult tune(const Artifact& artifact, const std::vector<Device>& devices,
         sweep_options,
         [&](const TunePoint& p, const detail::Sweep& s) {
           if (options.on_point)
-            options.on_point(d, p, s);
+            options.on_point(
+                d, p, {.spent_seconds = s.spent(), .budget_seconds = s.options().budget_seconds});
         });
     curve.points = sweep.points();
     curve.stop = sweep.stop();

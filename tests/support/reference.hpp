@@ -4,8 +4,11 @@
 // (cmake/ModelArtifacts.cmake), and comparisons with a relative tolerance.
 
 #include <filesystem>
+#include <functional>
 #include <map>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include <neml2/dispatch.hpp>
 
@@ -24,6 +27,37 @@ inline fs::path artifacts() {
 /// The stub of artifact `name`, compiled from a model named `model`.
 inline fs::path stub(const std::string& name, const std::string& model) {
   return artifacts() / name / (model + "_aoti.i");
+}
+
+/// The artifact in root folder `root`, shared as a Session takes it.
+inline std::shared_ptr<const neml2::Artifact> load_artifact(const fs::path& root) {
+  return std::make_shared<const neml2::Artifact>(neml2::read_artifact(root));
+}
+
+/// A CPU session of artifact `name` (compiled from a model named "model"), its solver
+/// configuration changed by `change` when one is given.
+inline neml2::Session session(const std::string& name,
+                              const std::function<void(neml2::SolverConfig&)>& change = {}) {
+  neml2::Session s(load_artifact(neml2::resolve_artifact_root(stub(name, "model"), "model")),
+                   "cpu");
+  if (change) {
+    auto config = s.solver_config();
+    change(config);
+    s.set_solver_config(config);
+  }
+  return s;
+}
+
+/// A model of artifact `name`, compiled from a model named `model`, under `policy`.
+template <class Policy = neml2::SyncChunking>
+neml2::DispatchedModel<Policy> load(const std::string& name, const std::string& model,
+                                    Policy policy = {}) {
+  return neml2::load_model(stub(name, model), model, std::move(policy));
+}
+
+/// The name of a history's step `s` in a reference ("s3": "s3/in", "s3/out", ...).
+inline std::string step_name(int s) {
+  return "s" + std::to_string(s);
 }
 
 /// Reference tensors by name ("b7/in/strain", ...), read once per artifact.

@@ -1,13 +1,28 @@
 #pragma once
 
 // Test support: the scalar model (models/scalar_backward_euler.i, x' = a - x^2 by backward
-// Euler) solved in closed form, one step and bisected as NEML2 substeps.
+// Euler): its inputs, and its step solved in closed form, one step and bisected as NEML2
+// substeps.
 
 #include <cmath>
 #include <cstdint>
 #include <optional>
+#include <vector>
+
+#include <neml2/dispatch.hpp>
 
 namespace test {
+
+// The scalar model's inputs: x' = a - x^2 from x~1 = 0.5 over dt = 0.1, one row per `a`.
+inline neml2::TensorMap scalar_inputs(const std::vector<double>& a) {
+  const auto rows = static_cast<std::int64_t>(a.size());
+  const auto filled = [&](double v) { return at::full({rows}, v, at::kDouble); };
+  return {{"a", at::tensor(a, at::kDouble)},
+          {"x", filled(0.5)},
+          {"x~1", filled(0.5)},
+          {"t", filled(0.1)},
+          {"t~1", filled(0.0)}};
+}
 
 // The scalar model's step x + h x^2 = x~1 + h a in closed form: the root Newton reaches
 // from x~1, or none when the step has no real root.

@@ -43,6 +43,12 @@ inline std::string read(const fs::path& file) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
+// Replaces `file` (a file or a folder) with a file of `bytes`.
+inline void write_bytes(const fs::path& file, const std::string& bytes) {
+  fs::remove_all(file);
+  std::ofstream(file, std::ios::binary) << bytes;
+}
+
 // Rewrites a copied root's metadata.json: one replacement at a time, from the original.
 inline auto metadata_rewriter(const fs::path& root) {
   const auto meta = root / "metadata.json";

@@ -27,7 +27,8 @@ namespace neml2::detail {
 /// An asynchronous policy's `chunks_in_flight(d)` for the accelerator `device`: 1 to
 /// max_chunks_in_flight.
 [[nodiscard]] std::size_t checked_chunks_in_flight(std::int64_t answer, const Device& device);
-/// A policy's `cpu_lanes`: 0 to max_cpu_lanes.
+/// A policy's `cpu_lanes`: 0 to max_cpu_lanes (refused by the rule that resolves it at each
+/// call, detail::resolve_cpu_lanes in src/core/cpu_lanes.hpp).
 [[nodiscard]] std::size_t checked_cpu_lanes(std::int64_t answer);
 ///@}
 
