@@ -157,6 +157,13 @@ void bind_policies(py::module_& m);
 void bind_solver_config(py::module_& m);
 /// Model, PreparedCall, ChunkEvent and load_model (model.cpp).
 void bind_model(py::module_& m);
+
+struct Model; // model.hpp
+/// PreparedCall, what Model.prepare returns (model_calls.cpp).
+void bind_prepared_call(py::module_& m);
+/// Model's calls: the five operations in their forms (Model.<op>, Model.<op>_into),
+/// _with_parameters and prepare (model_calls.cpp).
+void bind_model_calls(py::class_<Model>& model);
 /// tuned_policy, artifact info, the tuner and the simulator (tools.cpp).
 void bind_tools(py::module_& m);
 

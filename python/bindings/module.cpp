@@ -1,6 +1,7 @@
 // neml2_dispatch._core: the compiled library from Python. The module's parts: the error
-// family (errors.cpp), the value types (value_types.cpp), the model class (model.cpp), the
-// tools (tools.cpp); conversions between Python and the library in conversions.cpp.
+// family (errors.cpp), the value types (value_types.cpp), the model class (model.cpp; its
+// calls in model_calls.cpp), the tools (tools.cpp); conversions between Python and the
+// library in conversions.cpp.
 
 #include <neml2/version.hpp>
 
