@@ -27,13 +27,17 @@ struct Outcome {
   std::optional<ConvergenceError> failed;
 };
 
-// `event`: the chunk as the before-chunk hook sees it (a test's fault may be a per-row one).
-Outcome run_rows(const ModelCore::State& core, const ChunkEvent* event, Operation op, std::size_t d,
-                 ChunkArgs& chunk, std::span<const Place> places) {
+// Rows [first, first + chunk.rows) of the call. `event`: the chunk as the before-chunk hook
+// sees it (a test's fault may be a per-row one).
+Outcome run_rows(const ModelCore::State& core, const ChunkEvent* event, const CallContext& context,
+                 std::size_t d, ChunkArgs& chunk, std::int64_t first,
+                 std::span<const Place> places) {
   try {
     if (event && core.before_chunk)
       core.before_chunk(*event);
-    return {CallProtocol::run(core.sessions[d], op, chunk, places), std::nullopt};
+    return {CallProtocol::run(core.sessions[d], context.op, chunk, places,
+                              context.factors_of(first, chunk.rows, core.compute[d])),
+            std::nullopt};
   } catch (const ConvergenceError& e) {
     if (!e.per_row())
       throw;
@@ -105,14 +109,14 @@ void on_lanes(const ModelCore::State& core, std::size_t d, std::int64_t first, s
 
 // Rows [first, first + rows) of the call on the CPU in pieces of `piece` rows over the
 // lanes, into `results` as chunk `index` (the policy sees one chunk: no hook per piece).
-void run_pieces(const ModelCore::State& core, Operation op, const BoundCall& call,
+void run_pieces(const ModelCore::State& core, const CallContext& context, const BoundCall& call,
                 Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
                 std::int64_t piece, std::size_t index) {
   on_lanes(core, d, first, rows, piece, /*asks_first=*/false,
            [&](std::size_t, std::size_t i, std::int64_t at, std::int64_t n, ChunkArgs& chunk) {
              take_rows(call, at, n, core.compute[d], chunk);
              add(results, index, at, n,
-                 run_rows(core, nullptr, op, d, chunk, results.places(at, n)), i);
+                 run_rows(core, nullptr, context, d, chunk, at, results.places(at, n)), i);
            });
 }
 
@@ -131,6 +135,14 @@ std::size_t lanes_for(const ModelCore::State& core, std::size_t d, std::size_t w
                            lane_limits_here(CallProtocol::runners(core.sessions[d]), work));
 }
 
+at::Tensor CallContext::factors_of(std::int64_t first, std::int64_t rows,
+                                   c10::Device device) const {
+  if (!newton_factors.defined() || !device.is_cpu())
+    return {};
+  return first == 0 && rows == newton_factors.size(0) ? newton_factors
+                                                      : newton_factors.narrow(0, first, rows);
+}
+
 BoundRequest bind(const ModelCore::State& core, Request& request) {
   const auto& session = core.sessions.front();
   const TensorMap none;
@@ -139,26 +151,29 @@ BoundRequest bind(const ModelCore::State& core, Request& request) {
                          request.extras ? *request.extras : none, session.named_parameters(), {});
   auto targets =
       request.into ? writable(call, session.dtype(), *request.into) : std::vector<at::Tensor>{};
+  CallContext context;
+  context.op = request.op;
   if (request.factors)
-    call.newton_factors =
+    context.newton_factors =
         NewtonFactorsAccess::slots(*request.factors, session.artifact(), call.batch);
-  return {std::move(call), std::move(targets)};
+  return {std::move(call), std::move(targets), std::move(context)};
 }
 
-std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op, BoundCall& call,
-                                  std::size_t d, const std::vector<at::Tensor>& targets) {
+std::vector<at::Tensor> run_whole(const ModelCore::State& core, const CallContext& context,
+                                  BoundCall& call, std::size_t d,
+                                  const std::vector<at::Tensor>& targets) {
   if (const auto piece = pieces_of(core, call, d, call.batch); piece > 0) {
     Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/lanes_for(core, d) > 1,
                      targets);
     if (core.before_chunk) // the policy sees one chunk
       core.before_chunk(core.event(0, d, 0, call.batch, 0));
-    run_pieces(core, op, call, results, d, 0, call.batch, piece, 0);
+    run_pieces(core, context, call, results, d, 0, call.batch, piece, 0);
     return std::move(results).finish();
   }
   ChunkArgs chunk;
   take_all(call, core.compute[d], chunk);
   const auto event = core.event(0, d, 0, call.batch, 0);
-  auto outcome = run_rows(core, &event, op, d, chunk,
+  auto outcome = run_rows(core, &event, context, d, chunk, 0,
                           targets.empty() ? Places{} : places(call, targets, 0, call.batch));
   auto results =
       finish_whole(call, outcome.failed ? outcome.failed->results() : std::move(outcome.results));
@@ -172,51 +187,52 @@ std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op, Bo
   return results;
 }
 
-void run_chunks(const ModelCore::State& core, Operation op, const BoundCall& call,
+void run_chunks(const ModelCore::State& core, const CallContext& context, const BoundCall& call,
                 Gatherer& results, std::size_t d, std::int64_t rows) {
   std::recursive_mutex observing; // the observer sees one chunk at a time (and may call back)
-  on_lanes(
-      core, d, 0, call.batch, rows, /*asks_first=*/false,
-      [&](std::size_t lane, std::size_t index, std::int64_t first, std::int64_t n,
-          ChunkArgs& chunk) {
-        const auto start = core.observer ? steady_clock::now() : steady_clock::time_point{};
-        take_rows(call, first, n, core.compute[d], chunk);
-        const auto event = core.event(index, d, first, n, 0, lane);
-        const auto on_cpu = core.compute[d].is_cpu();
-        add(results, index, first, n,
-            run_rows(core, &event, op, d, chunk, on_cpu ? results.places(first, n) : Places{}));
-        // Only the observer waits for an accelerator: without one, the next chunk is
-        // queued while this one runs (results gathered on the CPU wait in their copy).
-        if (core.observer) {
-          finished_on(core, d);
-          const auto seconds = seconds_since(start);
-          const std::lock_guard lock(observing);
-          core.observer(core.event(index, d, first, n, seconds, lane));
-        }
-      });
+  on_lanes(core, d, 0, call.batch, rows, /*asks_first=*/false,
+           [&](std::size_t lane, std::size_t index, std::int64_t first, std::int64_t n,
+               ChunkArgs& chunk) {
+             const auto start = core.observer ? steady_clock::now() : steady_clock::time_point{};
+             take_rows(call, first, n, core.compute[d], chunk);
+             const auto event = core.event(index, d, first, n, 0, lane);
+             const auto on_cpu = core.compute[d].is_cpu();
+             add(results, index, first, n,
+                 run_rows(core, &event, context, d, chunk, first,
+                          on_cpu ? results.places(first, n) : Places{}));
+             // Only the observer waits for an accelerator: without one, the next chunk is
+             // queued while this one runs (results gathered on the CPU wait in their copy).
+             if (core.observer) {
+               finished_on(core, d);
+               const auto seconds = seconds_since(start);
+               const std::lock_guard lock(observing);
+               core.observer(core.event(index, d, first, n, seconds, lane));
+             }
+           });
 }
 
-void run_chunk_on_lanes(const ModelCore::State& core, Operation op, const BoundCall& call,
-                        Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
-                        std::size_t index) {
+void run_chunk_on_lanes(const ModelCore::State& core, const CallContext& context,
+                        const BoundCall& call, Gatherer& results, std::size_t d, std::int64_t first,
+                        std::int64_t rows, std::size_t index) {
   const auto piece = pieces_of(core, call, d, rows);
   if (piece == 0) {
     ChunkArgs chunk;
     take_rows(call, first, rows, core.compute[d], chunk);
-    run_chunk(core, op, chunk, results, d, first, index);
+    run_chunk(core, context, chunk, results, d, first, index);
     return;
   }
   if (core.before_chunk)
     core.before_chunk(core.event(index, d, first, rows, 0));
-  run_pieces(core, op, call, results, d, first, rows, piece, index);
+  run_pieces(core, context, call, results, d, first, rows, piece, index);
 }
 
-void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gatherer& results,
-               std::size_t d, std::int64_t first, std::size_t index) {
+void run_chunk(const ModelCore::State& core, const CallContext& context, ChunkArgs& chunk,
+               Gatherer& results, std::size_t d, std::int64_t first, std::size_t index) {
   const auto event = core.event(index, d, first, chunk.rows, 0);
   const auto on_cpu = core.compute[d].is_cpu();
   add(results, index, first, chunk.rows,
-      run_rows(core, &event, op, d, chunk, on_cpu ? results.places(first, chunk.rows) : Places{}));
+      run_rows(core, &event, context, d, chunk, first,
+               on_cpu ? results.places(first, chunk.rows) : Places{}));
 }
 
 void ask_interrupt_check(const ModelCore::State& core) {

@@ -17,11 +17,26 @@
 
 namespace neml2::detail {
 
+/// What a call carries beside its tensors, for every chunk of it: its operation and the
+/// chord's factors. Made once when the call is bound and owned by its runner (SyncCall, the
+/// asynchronous engine's call); the layers below see only the chunk's own rows of it.
+struct CallContext {
+  Operation op = Operation::forward;
+  /// The chord's slots, `(batch, width)` on the CPU (NewtonFactors'), or undefined.
+  at::Tensor newton_factors;
+
+  /// The factors of rows [first, first + rows) on device `device` (none off the CPU).
+  [[nodiscard]] at::Tensor factors_of(std::int64_t first, std::int64_t rows,
+                                      c10::Device device) const;
+};
+
 /// A request bound (checked, in positional order, no copy) against the model's master
-/// parameters, and the caller's tensors for its results checked as targets (none: empty).
+/// parameters, the caller's tensors for its results checked as targets (none: empty), and
+/// its context.
 struct BoundRequest {
   BoundCall call;
   std::vector<at::Tensor> targets;
+  CallContext context;
 };
 [[nodiscard]] BoundRequest bind(const ModelCore::State& core, Request& request);
 
@@ -34,8 +49,9 @@ struct BoundRequest {
 /// The whole call as one chunk on device `d` (the inputs' device): no slicing, no copy
 /// (into `targets` when given); on the CPU a large batch runs in pieces (see piece_rows())
 /// over the CPU's lanes, into kept memory or `targets`. Runs the before-chunk hook once.
-[[nodiscard]] std::vector<at::Tensor> run_whole(const ModelCore::State& core, Operation op,
-                                                BoundCall& call, std::size_t d,
+[[nodiscard]] std::vector<at::Tensor> run_whole(const ModelCore::State& core,
+                                                const CallContext& context, BoundCall& call,
+                                                std::size_t d,
                                                 const std::vector<at::Tensor>& targets);
 
 /// The call's chunks of `rows` rows on device `d`, put in place in `results` (failed rows
@@ -43,20 +59,20 @@ struct BoundRequest {
 /// the before-chunk hook, then is reported to the observer with its lane (one at a time);
 /// the calling thread asks the interrupt check before each chunk it takes after the first.
 /// After a chunk throws no chunk starts; what the first of them threw is rethrown.
-void run_chunks(const ModelCore::State& core, Operation op, const BoundCall& call,
+void run_chunks(const ModelCore::State& core, const CallContext& context, const BoundCall& call,
                 Gatherer& results, std::size_t d, std::int64_t rows);
 
 /// One chunk taken onto device `d` (rows [first, first + rows) of the call), run and put
 /// in place in `results`, failed rows included. Runs the before-chunk hook first.
-void run_chunk(const ModelCore::State& core, Operation op, ChunkArgs& chunk, Gatherer& results,
-               std::size_t d, std::int64_t first, std::size_t index);
+void run_chunk(const ModelCore::State& core, const CallContext& context, ChunkArgs& chunk,
+               Gatherer& results, std::size_t d, std::int64_t first, std::size_t index);
 
 /// Chunk `index` (rows [first, first + rows) of the call) on the CPU device `d`, in pieces
 /// over its lanes (see piece_rows()), put in place in `results`. Runs the before-chunk hook
 /// once, for the whole chunk.
-void run_chunk_on_lanes(const ModelCore::State& core, Operation op, const BoundCall& call,
-                        Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
-                        std::size_t index);
+void run_chunk_on_lanes(const ModelCore::State& core, const CallContext& context,
+                        const BoundCall& call, Gatherer& results, std::size_t d, std::int64_t first,
+                        std::int64_t rows, std::size_t index);
 
 /// Asks the call's interrupt check, if any (InterruptCheck); what it throws leaves as one
 /// of the library's errors.

@@ -14,16 +14,16 @@
 namespace neml2::detail {
 struct SyncCall::State {
   State(const ModelCore::State& core, Request& request)
-      : core(core)
-      , op(request.op) {
+      : core(core) {
     auto bound = bind(core, request);
     call = std::move(bound.call);
     targets = std::move(bound.targets);
+    context = std::move(bound.context);
   }
 
   CallOnItsLanes on_its_lanes; // first: the binding too
   const ModelCore::State& core;
-  Operation op;
+  CallContext context;
   BoundCall call;
   std::vector<at::Tensor> targets; // the caller's tensors, until `results` takes them
   std::optional<Gatherer> results; // made when the chunks run
@@ -49,9 +49,9 @@ bool SyncCall::runs_whole(std::size_t d, std::int64_t rows) const noexcept {
 std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
   auto& s = *_state;
   if (!s.core.observer)
-    return detail::run_whole(s.core, s.op, s.call, d, s.targets);
+    return detail::run_whole(s.core, s.context, s.call, d, s.targets);
   const auto start = steady_clock::now();
-  auto results = detail::run_whole(s.core, s.op, s.call, d, s.targets);
+  auto results = detail::run_whole(s.core, s.context, s.call, d, s.targets);
   finished_on(s.core, d); // the observer's seconds end when the results are ready
   s.core.observer(s.core.event(0, d, 0, _batch, seconds_since(start)));
   return results;
@@ -59,7 +59,7 @@ std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
 
 void SyncCall::run_chunks(std::size_t d, std::int64_t rows) {
   auto& s = *_state;
-  detail::run_chunks(s.core, s.op, s.call, s.gatherer(lanes_for(s.core, d) > 1), d, rows);
+  detail::run_chunks(s.core, s.context, s.call, s.gatherer(lanes_for(s.core, d) > 1), d, rows);
 }
 
 std::vector<at::Tensor> SyncCall::finish() {

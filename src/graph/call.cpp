@@ -39,9 +39,6 @@ void take_rows(const BoundCall& call, std::int64_t first, std::int64_t rows, c10
   take_rows_of(call.inputs, first, rows, device, chunk.inputs);
   take_rows_of(call.params, first, rows, device, chunk.params);
   take_rows_of(call.extras, first, rows, device, chunk.extras);
-  chunk.newton_factors = call.newton_factors.defined() && device.is_cpu()
-                             ? call.newton_factors.narrow(0, first, rows)
-                             : at::Tensor();
 }
 
 void take_all(BoundCall& call, c10::Device device, ChunkArgs& chunk) {
@@ -54,7 +51,6 @@ void take_all(BoundCall& call, c10::Device device, ChunkArgs& chunk) {
   chunk.inputs = whole(call.inputs);
   chunk.params = whole(call.params);
   chunk.extras = whole(call.extras);
-  chunk.newton_factors = device.is_cpu() ? call.newton_factors : at::Tensor();
 }
 
 at::Tensor as_called(const BoundCall& call, std::size_t i, const at::Tensor& result) {

@@ -19,7 +19,6 @@ namespace neml2::detail {
 struct ChunkArgs {
   std::int64_t rows = 0;
   std::vector<at::Tensor> inputs, params, extras;
-  at::Tensor newton_factors; ///< the chord's slots of these rows (BoundCall's), or undefined
 };
 
 /// How a result gathers across chunks.
@@ -44,8 +43,6 @@ struct BoundCall {
   bool batched = false;           ///< false when nothing carried a batch axis: results drop it
   c10::Device device = c10::kCPU; ///< where the inputs live, and the results go
   std::vector<at::Tensor> inputs, params, extras;
-  /// The chord's slots, `(batch, width)` on the CPU (NewtonFactors'), or undefined.
-  at::Tensor newton_factors;
 
   /// How each result of the operation gathers (shared by all calls, or this call's own).
   [[nodiscard]] const std::vector<ResultSlot>& slots() const {

@@ -51,6 +51,8 @@ struct SegmentChain::State {
   // Once a solve ran: each row's RowFailure (int8, undefined while none failed) and ||r||,
   // a failed row's from the solve it first failed in, another's from the last solve.
   at::Tensor reasons, norms;
+  // The chord's slots of these rows (SegmentChain::run's), or undefined.
+  at::Tensor newton_factors;
 
   const at::Tensor& value(const std::string& name, const std::string& needed_by) const {
     const auto it = values.find(name);

@@ -63,8 +63,10 @@ at::Tensor reported_norms(const at::Tensor& norms, const at::Tensor& converged) 
 
 } // namespace
 
-std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk) const {
+std::vector<at::Tensor> SegmentChain::run(Operation op, ChunkArgs& chunk,
+                                          const at::Tensor& newton_factors) const {
   auto state = start(op, chunk);
+  state.newton_factors = newton_factors;
   run_steps(chunk, state);
   auto results = results_of(op, chunk, state);
   const auto n_not_finite = fail_rows_not_finite(chunk, results, state);
@@ -189,8 +191,8 @@ void SegmentChain::run_implicit(const ImplicitStep& step, const ChunkArgs& chunk
     };
   // The chord's slots of these rows, where the caller keeps them (NewtonFactors).
   const auto u0 = pack(seg.unknown_groups, guess);
-  const auto factors = chunk.newton_factors.defined() && step.plan.factor_column >= 0
-                           ? chunk.newton_factors.narrow(1, step.plan.factor_column,
+  const auto factors = state.newton_factors.defined() && step.plan.factor_column >= 0
+                           ? state.newton_factors.narrow(1, step.plan.factor_column,
                                                          chord_slot_width(step.plan.unknowns))
                            : at::Tensor();
   auto solved = solve_with_substeps(step.newton, step.plan, u0, givens, params, _config,

@@ -43,7 +43,10 @@ public:
   /// their tangents; param_vjp: per row, sum over outputs of cotangent . d(out)/d(param),
   /// `(rows, *param_base)` per param_vjp_params() entry (the cotangents in chunk.extras, one
   /// per output, undefined = zero). Throws the per-row ConvergenceError when some rows fail.
-  [[nodiscard]] std::vector<at::Tensor> run(Operation op, ChunkArgs& chunk) const;
+  /// `newton_factors`: the chord's slots of the chunk's rows, `(rows, width)` double on the
+  /// CPU (a NewtonFactors row's layout: factor_columns), or undefined.
+  [[nodiscard]] std::vector<at::Tensor> run(Operation op, ChunkArgs& chunk,
+                                            const at::Tensor& newton_factors = {}) const;
 
   /// Each output's shape per row, `(*sub_batch, *base)`, in master order: an input's or an
   /// unknown's from metadata.json, one a forward segment makes from its graph (metadata.json
@@ -101,6 +104,22 @@ private:
   };
   using Step = std::variant<ForwardStep, ImplicitStep>;
   struct State;
+
+  // Loading, in steps (segment_chain_load.cpp): what the constructor keeps until it ends,
+  // each segment's graphs, what an implicit segment's graphs take, the outputs' shapes
+  // checked, the derivative blocks' positions.
+  struct Loading;
+  struct ImplicitArguments;
+  [[nodiscard]] std::vector<std::size_t> params_of(const std::vector<std::string>& names) const;
+  void load_forward(const ForwardSegment& f, Loading& loading);
+  void load_implicit(const ImplicitSegment& s, std::size_t position, Loading& loading);
+  [[nodiscard]] ImplicitArguments implicit_arguments(const ImplicitSegment& s,
+                                                     const std::vector<std::size_t>& params,
+                                                     std::size_t position) const;
+  void load_implicit_graphs(const ImplicitSegment& s, const ImplicitArguments& a,
+                            ImplicitStep& step, const Loading& loading);
+  void check_outputs(const Loading& loading);
+  void index_derivatives(const Loading& loading);
 
   // The steps of run(), in order: the inputs as the state (each its own derivative where
   // derivatives are chained), every segment on it, the operation's results taken from it,

@@ -112,6 +112,31 @@ void refuse_with_blocks(const ImplicitSegment& s, const std::string& where) {
   refuse(s.dr_dparam_package, "parameter-derivative graph");
 }
 
+using Arguments = std::vector<std::optional<Shape>>;
+
+// Groups of widths `w` laid out as `layouts` say, appended to a graph's `args`.
+void pack_groups(Arguments& args, const std::vector<std::int64_t>& w,
+                 const std::vector<GroupLayout>& layouts) {
+  for (std::size_t k = 0; k < w.size(); ++k)
+    args.emplace_back(layouts[k].graph_shape(w[k]));
+}
+
+// Each group's width: its variables' sizes (1 for a name that is not one of `vars`).
+std::vector<std::int64_t> group_widths(const std::vector<VariableGroup>& groups,
+                                       const std::vector<ImplicitVariable>& vars) {
+  std::vector<std::int64_t> w;
+  for (const auto& g : groups) {
+    std::int64_t width = 0;
+    for (const auto& n : g.names) {
+      const auto v = std::find_if(vars.begin(), vars.end(),
+                                  [&](const ImplicitVariable& x) { return x.name == n; });
+      width += v == vars.end() ? 1 : v->var_size;
+    }
+    w.push_back(width);
+  }
+  return w;
+}
+
 } // namespace
 
 std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& groups,
@@ -131,177 +156,228 @@ std::map<std::string, GroupSlice> slices(const std::vector<VariableGroup>& group
   return found;
 }
 
+// What loading the chain keeps until its constructor ends.
+struct SegmentChain::Loading {
+  explicit Loading(const GraphLoader& load)
+      : load_graph(load) {}
+
+  const GraphLoader& load_graph;
+  std::map<std::string, Shape> per_row; // each variable's shape per row, for output_shapes()
+  std::map<std::string, std::size_t> input_index, output_index;
+  FactorColumns chord;
+  std::size_t implicit_steps = 0;
+
+  [[nodiscard]] GraphFn load(const std::string& package, const char* listed_as,
+                             const std::vector<std::optional<Shape>>& arguments,
+                             std::size_t results) const {
+    return load_graph(package, listed_as, arguments, results, nullptr);
+  }
+};
+
+// What each Newton graph takes: the groups packed (B, width), A's blocks (B, r, u)
+// residual by unknown, B's (B, r, g), the parameters as stored (per row for dr_dparam).
+struct SegmentChain::ImplicitArguments {
+  std::vector<std::int64_t> u, g, r; // each unknown, given and residual group's width
+  std::vector<GroupLayout> lu, lg, lr, lug;
+  bool block = false; // a block-structured group
+  Arguments state, per_row_state, a_and_b, a_and_given, a_and_dparam;
+  std::size_t a_blocks = 0;
+};
+
 SegmentChain::SegmentChain(const Artifact& artifact, c10::Device device, c10::ScalarType dtype,
                            const GraphLoader& load_graph)
     : _artifact(artifact)
     , _device(device)
     , _dtype(dtype)
     , _config(artifact.solver_config.value_or(SolverConfig{})) {
-  const auto load = [&](const std::string& package, const char* listed_as,
-                        const std::vector<std::optional<Shape>>& arguments, std::size_t results) {
-    return load_graph(package, listed_as, arguments, results, nullptr);
-  };
-  // Every variable's shape per row as the segments make it, for output_shapes().
-  std::map<std::string, Shape> per_row;
-  auto& param_index = _param_index;
-  std::map<std::string, std::size_t> input_index, output_index;
+  Loading loading(load_graph);
   for (std::size_t p = 0; p < artifact.parameters.size(); ++p)
-    param_index[artifact.parameters[p].name] = p;
+    _param_index[artifact.parameters[p].name] = p;
   for (std::size_t i = 0; i < artifact.inputs.size(); ++i) {
-    input_index[artifact.inputs[i].name] = i;
+    loading.input_index[artifact.inputs[i].name] = i;
     _input_sizes.push_back(numel(artifact.inputs[i].sub_batch_shape) *
                            numel(artifact.inputs[i].base_shape));
-    per_row[artifact.inputs[i].name] =
+    loading.per_row[artifact.inputs[i].name] =
         per_row_shape(artifact.inputs[i].sub_batch_shape, artifact.inputs[i].base_shape);
   }
   for (std::size_t o = 0; o < artifact.outputs.size(); ++o)
-    output_index[artifact.outputs[o].name] = o;
-
-  const auto params_of = [&](const std::vector<std::string>& names) {
-    std::vector<std::size_t> positions;
-    for (const auto& n : names) {
-      const auto it = param_index.find(n);
-      if (it == param_index.end())
-        throw FatalError(fmt::format("{}/metadata.json: a segment takes parameter '{}', which "
-                                     "is not declared under 'parameters'; recompile with "
-                                     "neml2-compile",
-                                     artifact.root.string(), n));
-      positions.push_back(it->second);
-    }
-    return positions;
-  };
-
-  const auto chord = factor_columns(artifact);
-  std::size_t implicit_steps = 0;
+    loading.output_index[artifact.outputs[o].name] = o;
+  loading.chord = factor_columns(artifact);
   for (const auto& segment : artifact.segments) {
-    if (const auto* f = std::get_if<ForwardSegment>(&segment)) {
-      // Intermediate variables' shapes are not in metadata.json: counts only, shapes at
-      // the first call.
-      const std::vector<std::optional<Shape>> takes(f->inputs.size() + f->param_inputs.size());
-      std::vector<Shape> made;
-      auto value = load_graph(f->package, "package", takes, f->outputs.size(), &made);
-      for (std::size_t o = 0; o < made.size() && o < f->outputs.size(); ++o)
-        per_row[f->outputs[o]] = std::move(made[o]);
-      _steps.emplace_back(ForwardStep{
-          f, std::move(value),
-          load(f->jvp_package, "jvp_package", takes, f->outputs.size() + f->jacobian_pairs.size()),
-          load(f->param_jacobian_package, "param_jacobian_package", takes,
-               f->param_jacobian_pairs.size()),
-          params_of(f->param_inputs)});
-      _has_input_derivatives = _has_input_derivatives && !f->jvp_package.empty();
-      _has_param_derivatives = _has_param_derivatives && !f->jvp_package.empty() &&
-                               (f->param_inputs.empty() || !f->param_jacobian_package.empty());
-      continue;
-    }
-    const auto& s = std::get<ImplicitSegment>(segment);
-    for (const auto& u : s.unknowns)
-      per_row[u.name] = per_row_shape(u.sub_batch_shape, u.base_shape);
-    ImplicitStep step;
-    step.segment = &s;
-    step.shape = newton_shape(s);
-    step.plan = plan_newton(step.shape, _device, _dtype, _config);
-    step.plan.factor_column = chord.first[implicit_steps++];
-    step.params = params_of(s.param_inputs);
-    // What each Newton graph takes: the groups packed (B, width), A's blocks (B, r, u)
-    // residual by unknown, B's (B, r, g), the parameters as stored (per row for dr_dparam).
-    const auto widths = [](const std::vector<VariableGroup>& groups,
-                           const std::vector<ImplicitVariable>& vars) {
-      std::vector<std::int64_t> w;
-      for (const auto& g : groups) {
-        std::int64_t width = 0;
-        for (const auto& n : g.names) {
-          const auto v = std::find_if(vars.begin(), vars.end(),
-                                      [&](const ImplicitVariable& x) { return x.name == n; });
-          width += v == vars.end() ? 1 : v->var_size;
-        }
-        w.push_back(width);
-      }
-      return w;
-    };
-    const auto u = widths(s.unknown_groups, s.unknowns), g = widths(s.given_groups, s.givens),
-               r = widths(s.residual_groups, s.residuals);
-    const auto where = fmt::format("{}/metadata.json: segments[{}]", artifact.root.string(),
-                                   &segment - artifact.segments.data());
-    auto lu = group_layouts(s.unknown_groups, s.unknowns, where + ".unknown_group_infos"),
-         lg = group_layouts(s.given_groups, s.givens, where + ".given_group_infos"),
-         lr = group_layouts(s.residual_groups, s.residuals, where + ".residual_group_infos");
-    const bool block = blocks_in(lu) || blocks_in(lg) || blocks_in(lr);
-    if (block)
-      refuse_with_blocks(s, where);
-    using Arguments = std::vector<std::optional<Shape>>;
-    const auto packed = [](Arguments& args, const std::vector<std::int64_t>& w,
-                           const std::vector<GroupLayout>& layouts) {
-      for (std::size_t k = 0; k < w.size(); ++k)
-        args.emplace_back(layouts[k].graph_shape(w[k]));
-    };
-    const auto blocks = [&](Arguments& args, const std::vector<std::int64_t>& columns,
-                            const std::vector<GroupLayout>& layouts) {
-      for (std::size_t i = 0; i < r.size(); ++i)
-        for (std::size_t j = 0; j < columns.size(); ++j)
-          args.emplace_back(jacobian_block_shape(lr[i], r[i], layouts[j], columns[j]));
-    };
-    Arguments state, per_row_state, a_and_b, a_and_given, a_and_dparam;
-    packed(state, u, lu);
-    packed(state, g, lg);
-    per_row_state = state;
-    std::int64_t param_width = 0;
-    for (auto p : step.params) {
-      const auto& param = artifact.parameters[p];
-      state.emplace_back(param.shape);
-      auto per_row = param.base_shape;
-      per_row.insert(per_row.begin(), -1);
-      per_row_state.emplace_back(per_row);
-      param_width += numel(param.base_shape);
-    }
-    blocks(a_and_b, u, lu);
-    a_and_given = a_and_dparam = a_and_b;
-    packed(a_and_b, r, lr);
-    blocks(a_and_given, g, lg);
-    for (auto rows : r)
-      a_and_dparam.emplace_back(Shape{-1, rows, param_width});
-    const auto a_blocks = r.size() * u.size();
-    auto lug = lu;
-    lug.insert(lug.end(), lg.begin(), lg.end());
-    step.newton.residual = in_newton_layout(
-        load(s.residual_package, "residual_package", state, r.size()), 0, lug, 0, lr);
-    step.newton.jacobian =
-        in_newton_layout(load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size()),
-                         0, lug, a_blocks, lr);
-    step.newton.solve = in_newton_layout(load(s.solve_package, "solve_package", a_and_b, u.size()),
-                                         a_blocks, lr, 0, lu);
-    step.newton.a_blocks = step.a_blocks = a_blocks;
-    step.newton.dense_blocks = !block;
-    step.newton.schedule = std::make_shared<NewtonSchedule>();
-    if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
-      auto with_v = state;
-      packed(with_v, u, lu);
-      step.newton.matvec = load(s.matvec_package, "matvec_package", with_v, r.size());
-      step.newton.precond_setup =
-          load(s.precond_setup_package, "precond_setup_package", state, unchecked_results);
-      step.newton.precond_apply =
-          load(s.precond_apply_package, "precond_apply_package", Arguments{},
-               unchecked_results); // (state, r): its own checks
-      step.newton.a_blocks = 0;
-    }
-    step.given_blocks = r.size() * g.size();
-    step.substeps = substep_plan(s, artifact.root);
-    step.predictor = load(s.predictor_package, "predictor_package",
-                          Arguments(s.predictor_inputs.size()), s.predictor_outputs.size());
-    step.jacobian_given =
-        load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
-    step.solve_ift = s.iterative_input_sensitivity ? dense_ift(s, a_blocks)
-                                                   : load(s.solve_ift_package, "solve_ift_package",
-                                                          a_and_given, s.jacobian_pairs.size());
-    step.dr_dparam =
-        load(s.dr_dparam_package, "dr_dparam_package", per_row_state, a_blocks + r.size());
-    step.solve_param = load(s.solve_param_package, "solve_param_package", a_and_dparam,
-                            s.param_jacobian_pairs.size());
-    _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
-    _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
-                             (s.param_inputs.empty() || step.solve_param);
-    _steps.emplace_back(std::move(step));
+    if (const auto* f = std::get_if<ForwardSegment>(&segment))
+      load_forward(*f, loading);
+    else
+      load_implicit(std::get<ImplicitSegment>(segment),
+                    static_cast<std::size_t>(&segment - artifact.segments.data()), loading);
   }
+  check_outputs(loading);
+  index_derivatives(loading);
+}
 
+std::vector<std::size_t> SegmentChain::params_of(const std::vector<std::string>& names) const {
+  std::vector<std::size_t> positions;
+  for (const auto& n : names) {
+    const auto it = _param_index.find(n);
+    if (it == _param_index.end())
+      throw FatalError(fmt::format("{}/metadata.json: a segment takes parameter '{}', which "
+                                   "is not declared under 'parameters'; recompile with "
+                                   "neml2-compile",
+                                   _artifact.root.string(), n));
+    positions.push_back(it->second);
+  }
+  return positions;
+}
+
+void SegmentChain::load_forward(const ForwardSegment& f, Loading& loading) {
+  // Intermediate variables' shapes are not in metadata.json: counts only, shapes at
+  // the first call.
+  const std::vector<std::optional<Shape>> takes(f.inputs.size() + f.param_inputs.size());
+  std::vector<Shape> made;
+  auto value = loading.load_graph(f.package, "package", takes, f.outputs.size(), &made);
+  for (std::size_t o = 0; o < made.size() && o < f.outputs.size(); ++o)
+    loading.per_row[f.outputs[o]] = std::move(made[o]);
+  _steps.emplace_back(ForwardStep{
+      &f, std::move(value),
+      loading.load(f.jvp_package, "jvp_package", takes, f.outputs.size() + f.jacobian_pairs.size()),
+      loading.load(f.param_jacobian_package, "param_jacobian_package", takes,
+                   f.param_jacobian_pairs.size()),
+      params_of(f.param_inputs)});
+  _has_input_derivatives = _has_input_derivatives && !f.jvp_package.empty();
+  _has_param_derivatives = _has_param_derivatives && !f.jvp_package.empty() &&
+                           (f.param_inputs.empty() || !f.param_jacobian_package.empty());
+}
+
+void SegmentChain::load_implicit(const ImplicitSegment& s, std::size_t position, Loading& loading) {
+  for (const auto& u : s.unknowns)
+    loading.per_row[u.name] = per_row_shape(u.sub_batch_shape, u.base_shape);
+  ImplicitStep step;
+  step.segment = &s;
+  step.shape = newton_shape(s);
+  step.plan = plan_newton(step.shape, _device, _dtype, _config);
+  step.plan.factor_column = loading.chord.first[loading.implicit_steps++];
+  step.params = params_of(s.param_inputs);
+  const auto a = implicit_arguments(s, step.params, position);
+  load_implicit_graphs(s, a, step, loading);
+  _steps.emplace_back(std::move(step));
+}
+
+SegmentChain::ImplicitArguments
+SegmentChain::implicit_arguments(const ImplicitSegment& s, const std::vector<std::size_t>& params,
+                                 std::size_t position) const {
+  ImplicitArguments a;
+  auto& u = a.u;
+  auto& g = a.g;
+  auto& r = a.r;
+  auto& lu = a.lu;
+  auto& lg = a.lg;
+  auto& lr = a.lr;
+  auto& lug = a.lug;
+  auto& block = a.block;
+  auto& state = a.state;
+  auto& per_row_state = a.per_row_state;
+  auto& a_and_b = a.a_and_b;
+  auto& a_and_given = a.a_and_given;
+  auto& a_and_dparam = a.a_and_dparam;
+  auto& a_blocks = a.a_blocks;
+  u = group_widths(s.unknown_groups, s.unknowns);
+  g = group_widths(s.given_groups, s.givens);
+  r = group_widths(s.residual_groups, s.residuals);
+  const auto where =
+      fmt::format("{}/metadata.json: segments[{}]", _artifact.root.string(), position);
+  lu = group_layouts(s.unknown_groups, s.unknowns, where + ".unknown_group_infos");
+  lg = group_layouts(s.given_groups, s.givens, where + ".given_group_infos");
+  lr = group_layouts(s.residual_groups, s.residuals, where + ".residual_group_infos");
+  block = blocks_in(lu) || blocks_in(lg) || blocks_in(lr);
+  if (block)
+    refuse_with_blocks(s, where);
+  const auto blocks = [&](Arguments& args, const std::vector<std::int64_t>& columns,
+                          const std::vector<GroupLayout>& layouts) {
+    for (std::size_t i = 0; i < r.size(); ++i)
+      for (std::size_t j = 0; j < columns.size(); ++j)
+        args.emplace_back(jacobian_block_shape(lr[i], r[i], layouts[j], columns[j]));
+  };
+  pack_groups(state, u, lu);
+  pack_groups(state, g, lg);
+  per_row_state = state;
+  std::int64_t param_width = 0;
+  for (auto p : params) {
+    const auto& param = _artifact.parameters[p];
+    state.emplace_back(param.shape);
+    auto per_row = param.base_shape;
+    per_row.insert(per_row.begin(), -1);
+    per_row_state.emplace_back(per_row);
+    param_width += numel(param.base_shape);
+  }
+  blocks(a_and_b, u, lu);
+  a_and_given = a_and_dparam = a_and_b;
+  pack_groups(a_and_b, r, lr);
+  blocks(a_and_given, g, lg);
+  for (auto rows : r)
+    a_and_dparam.emplace_back(Shape{-1, rows, param_width});
+  a_blocks = r.size() * u.size();
+  lug = lu;
+  lug.insert(lug.end(), lg.begin(), lg.end());
+  return a;
+}
+
+void SegmentChain::load_implicit_graphs(const ImplicitSegment& s, const ImplicitArguments& a,
+                                        ImplicitStep& step, const Loading& loading) {
+  const auto& u = a.u;
+  const auto& g = a.g;
+  const auto& r = a.r;
+  const auto& lu = a.lu;
+  const auto& lr = a.lr;
+  const auto& lug = a.lug;
+  const auto& block = a.block;
+  const auto& state = a.state;
+  const auto& per_row_state = a.per_row_state;
+  const auto& a_and_b = a.a_and_b;
+  const auto& a_and_given = a.a_and_given;
+  const auto& a_and_dparam = a.a_and_dparam;
+  const auto& a_blocks = a.a_blocks;
+  step.newton.residual = in_newton_layout(
+      loading.load(s.residual_package, "residual_package", state, r.size()), 0, lug, 0, lr);
+  step.newton.jacobian = in_newton_layout(
+      loading.load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size()), 0, lug,
+      a_blocks, lr);
+  step.newton.solve = in_newton_layout(
+      loading.load(s.solve_package, "solve_package", a_and_b, u.size()), a_blocks, lr, 0, lu);
+  step.newton.a_blocks = step.a_blocks = a_blocks;
+  step.newton.dense_blocks = !block;
+  step.newton.schedule = std::make_shared<NewtonSchedule>();
+  if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
+    auto with_v = state;
+    pack_groups(with_v, u, lu);
+    step.newton.matvec = loading.load(s.matvec_package, "matvec_package", with_v, r.size());
+    step.newton.precond_setup =
+        loading.load(s.precond_setup_package, "precond_setup_package", state, unchecked_results);
+    step.newton.precond_apply =
+        loading.load(s.precond_apply_package, "precond_apply_package", Arguments{},
+                     unchecked_results); // (state, r): its own checks
+    step.newton.a_blocks = 0;
+  }
+  step.given_blocks = r.size() * g.size();
+  step.substeps = substep_plan(s, _artifact.root);
+  step.predictor = loading.load(s.predictor_package, "predictor_package",
+                                Arguments(s.predictor_inputs.size()), s.predictor_outputs.size());
+  step.jacobian_given =
+      loading.load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
+  step.solve_ift = s.iterative_input_sensitivity
+                       ? dense_ift(s, a_blocks)
+                       : loading.load(s.solve_ift_package, "solve_ift_package", a_and_given,
+                                      s.jacobian_pairs.size());
+  step.dr_dparam =
+      loading.load(s.dr_dparam_package, "dr_dparam_package", per_row_state, a_blocks + r.size());
+  step.solve_param = loading.load(s.solve_param_package, "solve_param_package", a_and_dparam,
+                                  s.param_jacobian_pairs.size());
+  _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
+  _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
+                           (s.param_inputs.empty() || step.solve_param);
+}
+
+void SegmentChain::check_outputs(const Loading& loading) {
+  const auto& per_row = loading.per_row;
+  const auto& artifact = _artifact;
   for (const auto& out : artifact.outputs) {
     const auto it = per_row.find(out.name);
     if (it == per_row.end())
@@ -319,7 +395,11 @@ SegmentChain::SegmentChain(const Artifact& artifact, c10::Device device, c10::Sc
                                    shape_text(shape)));
     _output_shapes.push_back(shape);
   }
+}
 
+void SegmentChain::index_derivatives(const Loading& loading) {
+  const auto& artifact = _artifact;
+  const auto& output_index = loading.output_index;
   // metadata.json's pairs of names -> (output, input or parameter) positions.
   const auto positions = [&](const std::vector<std::pair<std::string, std::string>>& pairs,
                              const std::map<std::string, std::size_t>& second, const char* key) {
@@ -335,9 +415,9 @@ SegmentChain::SegmentChain(const Artifact& artifact, c10::Device device, c10::Sc
     }
     return found;
   };
-  _jacobian_blocks = positions(artifact.derivatives, input_index, "derivatives");
+  _jacobian_blocks = positions(artifact.derivatives, loading.input_index, "derivatives");
   _param_jacobian_blocks =
-      positions(artifact.parameter_derivatives, param_index, "parameter_derivatives");
+      positions(artifact.parameter_derivatives, _param_index, "parameter_derivatives");
   _has_param_derivatives = _has_param_derivatives && !_param_jacobian_blocks.empty();
   for (const auto& [o, p] : _param_jacobian_blocks)
     if (std::find(_param_vjp_params.begin(), _param_vjp_params.end(), p) == _param_vjp_params.end())

@@ -46,9 +46,12 @@ struct CallProtocol {
   [[nodiscard]] static std::size_t runners(const Session& s) noexcept;
   /// Runs `op` on one chunk (see ChunkArgs); results in slot order. `places`: where each
   /// result will be written (slot order; undefined: not by rows), which a result of an
-  /// explicit model on the CPU may be computed in directly (see Landing).
+  /// explicit model on the CPU may be computed in directly (see Landing). `newton_factors`:
+  /// the chord's slots of the chunk's rows (NewtonFactors', `(rows, width)` on the CPU), or
+  /// undefined.
   [[nodiscard]] static std::vector<at::Tensor> run(const Session& s, Operation op, ChunkArgs& chunk,
-                                                   std::span<const Place> places = {});
+                                                   std::span<const Place> places = {},
+                                                   const at::Tensor& newton_factors = {});
 };
 
 } // namespace neml2::detail

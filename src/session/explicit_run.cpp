@@ -22,7 +22,8 @@ detail::CallProtocol::forward_as_given(const Session& s, const std::vector<at::T
 
 std::vector<at::Tensor> detail::CallProtocol::run(const Session& s, Operation op,
                                                   detail::ChunkArgs& chunk,
-                                                  std::span<const detail::Place> places) {
+                                                  std::span<const detail::Place> places,
+                                                  const at::Tensor& newton_factors) {
   const auto& m = *s._impl;
   // The chunk's work goes to the compute device whichever device is current on this thread
   // (put back after); nothing at all on the CPU.
@@ -33,7 +34,7 @@ std::vector<at::Tensor> detail::CallProtocol::run(const Session& s, Operation op
     // The tensors of an implicit step (its Newton's working set, its graphs' results) are
     // small blocks kept for this thread, as the graphs' intermediates are.
     const detail::Recycling small_blocks;
-    return m.chain->run(op, chunk);
+    return m.chain->run(op, chunk, newton_factors);
   }
   if (places.empty() || !m.torch_device.is_cpu())
     return m.run_explicit(op, chunk);

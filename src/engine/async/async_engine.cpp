@@ -53,12 +53,12 @@ void rethrow(std::vector<std::pair<std::size_t, std::exception_ptr>>& errors) {
 // calling thread, its failures. Lives on the calling thread's stack; guarded by
 // Engine::mutex.
 struct Progress : ScheduledCall {
-  Progress(Operation op, BoundCall& call, std::vector<at::Tensor> targets)
+  Progress(const CallContext& context, BoundCall& call, std::vector<at::Tensor> targets)
       : ScheduledCall(call.batch)
-      , op(op)
+      , context(context)
       , call(call)
       , targets(std::move(targets)) {}
-  Operation op;
+  const CallContext& context;
   BoundCall& call;
   std::vector<at::Tensor> targets;          // the caller's tensors, until `results` takes them
   std::optional<Gatherer> results;          // made before the first chunk goes to the pool
@@ -106,19 +106,19 @@ struct AsyncEngine::Impl {
 
   std::vector<at::Tensor> run(Request& request) const {
     const CallOnItsLanes on_its_lanes; // the caller's CPU work, on its lanes only
-    auto [call, targets] = bind(core, request);
-    return dispatch_async(request.op, call, std::move(targets));
+    auto [call, targets, context] = bind(core, request);
+    return dispatch_async(context, call, std::move(targets));
   }
 
   // The calling thread dispatches what the policy allows, then sleeps until the call is
   // done: a worker that completes a chunk dispatches the next ones itself, so nobody is
   // woken per chunk.
-  std::vector<at::Tensor> dispatch_async(Operation op, BoundCall& call,
+  std::vector<at::Tensor> dispatch_async(const CallContext& context, BoundCall& call,
                                          std::vector<at::Tensor> targets) const {
     if (call.batch == 0)
       return Gatherer(call, session().dtype(), false, std::move(targets)).finish();
     auto& engine = *_engine;
-    Progress progress(op, call, std::move(targets));
+    Progress progress(context, call, std::move(targets));
     std::vector<at::Tensor> direct;
     std::unique_lock lock(engine.mutex);
     if (const auto d = dispatch_ready(progress, /*may_run_here=*/true)) {
@@ -128,7 +128,7 @@ struct AsyncEngine::Impl {
         if (d == _caller_lane)
           lane = std::unique_lock(engine.caller_lane);
         complete({0, *d, 0, call.batch}, progress, [&] {
-          direct = run_whole(core, op, call, *d, progress.targets);
+          direct = run_whole(core, context, call, *d, progress.targets);
           finished_on(core, *d); // the policy's seconds end when the results are ready
         });
       }
@@ -304,7 +304,7 @@ struct AsyncEngine::Impl {
   void run_chunk_here(Progress& p, const ScheduledChunk& c) const {
     const auto device = core.compute[c.device];
     if (device.is_cpu()) { // in pieces over the CPU's lanes
-      run_chunk_on_lanes(core, p.op, p.call, *p.results, c.device, c.first, c.rows, c.index);
+      run_chunk_on_lanes(core, p.context, p.call, *p.results, c.device, c.first, c.rows, c.index);
       return;
     }
     ChunkArgs chunk;
@@ -312,7 +312,7 @@ struct AsyncEngine::Impl {
       take_rows(p.call, c.first, c.rows, device, chunk);
     else
       take_rows_staged(p.call, c.first, c.rows, device, chunk);
-    run_chunk(core, p.op, chunk, *p.results, c.device, c.first, c.index);
+    run_chunk(core, p.context, chunk, *p.results, c.device, c.first, c.index);
     finished_on(core, c.device); // its results ready (and this thread's staging buffers free)
   }
 
