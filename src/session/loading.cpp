@@ -97,31 +97,47 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   // (runners share the graph's constants); elsewhere, the chunks kept in flight.
   m.runners = m.device.is_accelerator() ? std::max<std::size_t>(concurrency, 1)
                                         : detail::cpu_runners(concurrency);
-  const auto& a = *m.artifact;
+  const auto param_index = m.index_variables();
+  if (!m.artifact->single_forward()) { // the chain knows its outputs' shapes
+    m.make_chain();
+    return;
+  }
+  m.forward_output_shapes();
+  m.place_forward_segment(param_index);
+  m.load_forward_graphs();
+} catch (const Exception&) {
+  throw;
+} catch (const std::exception& e) { // what the checks above did not foresee, as one of ours
+  throw detail::foreign(fmt::format("loading the artifact '{}' for {}",
+                                    artifact ? artifact->root.string() : "?", device.str()),
+                        e);
+}
 
+std::map<std::string, std::size_t> Session::Impl::index_variables() {
+  const auto& a = *artifact;
   for (const auto& v : a.inputs) {
-    m.input_index[v.name] = m.input_names.size();
-    m.input_names.push_back(v.public_name);
-    m.input_base_shapes.push_back(v.base_shape);
-    m.input_trailing_shapes.push_back(concat({&v.sub_batch_shape, &v.base_shape}));
+    input_index[v.name] = input_names.size();
+    input_names.push_back(v.public_name);
+    input_base_shapes.push_back(v.base_shape);
+    input_trailing_shapes.push_back(concat({&v.sub_batch_shape, &v.base_shape}));
   }
   for (const auto& v : a.outputs) {
-    m.output_index[v.name] = m.output_names.size();
-    m.output_names.push_back(v.public_name);
-    m.output_base_shapes.push_back(v.base_shape);
+    output_index[v.name] = output_names.size();
+    output_names.push_back(v.public_name);
+    output_base_shapes.push_back(v.base_shape);
   }
   std::map<std::string, std::size_t> param_index;
   for (const auto& p : a.parameters) {
     param_index[p.name] = param_index.size();
-    m.parameter_base_shapes[p.public_name] = p.base_shape;
+    parameter_base_shapes[p.public_name] = p.base_shape;
     const auto values = at::tensor(p.values, at::kDouble).reshape(p.shape);
-    m.parameters[p.public_name] = values.to(m.torch_device, p.dtype.value_or(dtype));
+    parameters[p.public_name] = values.to(torch_device, p.dtype.value_or(dtype));
   }
+  return param_index;
+}
 
-  if (!a.single_forward()) { // the chain knows its outputs' shapes
-    m.make_chain();
-    return;
-  }
+void Session::Impl::forward_output_shapes() {
+  const auto& a = *artifact;
   // One forward segment's outputs carry its inputs' sub-batch axes (metadata.json does not
   // record them there), which must broadcast together.
   for (auto v = a.inputs.begin(); v != a.inputs.end(); ++v)
@@ -137,14 +153,18 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
   for (const auto& v : a.inputs)
     sub_batch = at::infer_size(sub_batch, v.sub_batch_shape);
   for (std::size_t o = 0; o < a.outputs.size(); ++o) {
-    m.output_shapes.push_back(concat({&sub_batch, &m.output_base_shapes[o]}));
-    m.forward_slots.push_back({detail::Gather::rows, m.output_shapes.back()});
+    output_shapes.push_back(concat({&sub_batch, &output_base_shapes[o]}));
+    forward_slots.push_back({detail::Gather::rows, output_shapes.back()});
   }
-  m.jvp_slots = m.forward_slots;
-  m.jvp_slots.insert(m.jvp_slots.end(), m.forward_slots.begin(), m.forward_slots.end());
-  m.jacobian_slots = m.forward_slots;
-  m.segment = &std::get<ForwardSegment>(a.segments.front());
-  const auto& seg = *m.segment;
+  jvp_slots = forward_slots;
+  jvp_slots.insert(jvp_slots.end(), forward_slots.begin(), forward_slots.end());
+  jacobian_slots = forward_slots;
+}
+
+void Session::Impl::place_forward_segment(const std::map<std::string, std::size_t>& param_index) {
+  const auto& a = *artifact;
+  segment = &std::get<ForwardSegment>(a.segments.front());
+  const auto& seg = *segment;
 
   const auto position = [&](const std::map<std::string, std::size_t>& index,
                             const std::string& name, const char* what) {
@@ -156,39 +176,42 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     return it->second;
   };
   for (const auto& n : seg.inputs)
-    m.graph_inputs.push_back(position(m.input_index, n, "input"));
+    graph_inputs.push_back(position(input_index, n, "input"));
   for (const auto& n : seg.param_inputs)
-    m.graph_params.push_back(position(param_index, n, "parameter"));
+    graph_params.push_back(position(param_index, n, "parameter"));
   for (const auto& n : seg.outputs)
-    m.graph_outputs.push_back(position(m.output_index, n, "output"));
+    graph_outputs.push_back(position(output_index, n, "output"));
   const auto is_identity = [](const std::vector<std::size_t>& positions) {
     for (std::size_t i = 0; i < positions.size(); ++i)
       if (positions[i] != i)
         return false;
     return true;
   };
-  m.outputs_in_master_order =
-      is_identity(m.graph_outputs) && m.graph_outputs.size() == m.output_names.size();
-  m.graph_takes_inputs_as_is = is_identity(m.graph_inputs) &&
-                               m.graph_inputs.size() == m.input_names.size() &&
-                               m.graph_params.empty();
+  outputs_in_master_order =
+      is_identity(graph_outputs) && graph_outputs.size() == output_names.size();
+  graph_takes_inputs_as_is = is_identity(graph_inputs) &&
+                             graph_inputs.size() == input_names.size() && graph_params.empty();
   for (const auto& p : seg.jacobian_pairs)
-    m.jacobian_blocks.push_back(
-        {position(m.output_index, p.out, "output"), position(m.input_index, p.in, "input")});
+    jacobian_blocks.push_back(
+        {position(output_index, p.out, "output"), position(input_index, p.in, "input")});
   for (const auto& n : seg.param_vjp_params)
-    m.vjp_params.push_back(position(param_index, n, "parameter"));
+    vjp_params.push_back(position(param_index, n, "parameter"));
   for (const auto& n : seg.param_vjp_outputs)
-    m.vjp_cotangents.push_back(position(m.output_index, n, "output"));
+    vjp_cotangents.push_back(position(output_index, n, "output"));
 
   for (const auto& p : seg.jacobian_pairs)
-    m.jacobian_slots.push_back(
+    jacobian_slots.push_back(
         {p.batch_independent ? detail::Gather::shared : detail::Gather::rows,
          concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape})});
-  m.param_jacobian_slots = m.forward_slots;
+  param_jacobian_slots = forward_slots;
   for (const auto& p : seg.param_jacobian_pairs)
-    m.param_jacobian_slots.push_back(
+    param_jacobian_slots.push_back(
         {detail::Gather::rows, concat({&p.out_base_shape, &p.param_base_shape})});
+}
 
+void Session::Impl::load_forward_graphs() {
+  const auto& a = *artifact;
+  const auto& seg = *segment;
   // Each graph checked against what metadata.json says it takes and returns.
   std::vector<std::optional<Shape>> arguments; // (B, *trailing) each
   const auto batched = [](const Shape& trailing) {
@@ -196,47 +219,41 @@ Session::Session(std::shared_ptr<const Artifact> artifact, const Device& device,
     shape.insert(shape.begin(), -1);
     return shape;
   };
-  for (auto i : m.graph_inputs)
-    arguments.emplace_back(batched(m.input_trailing_shapes[i]));
-  for (auto p : m.graph_params)
+  for (auto i : graph_inputs)
+    arguments.emplace_back(batched(input_trailing_shapes[i]));
+  for (auto p : graph_params)
     arguments.emplace_back(batched(a.parameters[p].base_shape));
   using Result = Graph::Result;
   std::vector<Result> outputs;
-  for (auto o : m.graph_outputs)
-    outputs.push_back({m.forward_slots[o].shape, false});
+  for (auto o : graph_outputs)
+    outputs.push_back({forward_slots[o].shape, false});
   const auto load = [&](const std::string& package, const char* listed_as,
                         const std::vector<std::optional<Shape>>& takes,
                         std::vector<Result> results) {
     if (package.empty())
       return Graph{};
-    Graph graph(m.leaf, package, m.torch_device, dtype, m.runners, listed_as);
+    Graph graph(leaf, package, torch_device, dtype, runners, listed_as);
     graph.expect(takes, std::move(results), dtype);
     return graph;
   };
-  m.value_graph = load(seg.package, "package", arguments, outputs);
+  value_graph = load(seg.package, "package", arguments, outputs);
   auto jvp_results = outputs;
   for (const auto& p : seg.jacobian_pairs) // blocks that do not vary come back with size 1
     jvp_results.push_back(
         {concat({&p.in_sub_batch_shape, &p.out_base_shape, &p.in_base_shape}), true});
-  m.jvp_graph = load(seg.jvp_package, "jvp_package", arguments, jvp_results);
+  jvp_graph = load(seg.jvp_package, "jvp_package", arguments, jvp_results);
   std::vector<Result> param_blocks;
   for (const auto& p : seg.param_jacobian_pairs)
     param_blocks.push_back({concat({&p.out_base_shape, &p.param_base_shape}), true});
-  m.param_jacobian_graph =
+  param_jacobian_graph =
       load(seg.param_jacobian_package, "param_jacobian_package", arguments, param_blocks);
   auto vjp_arguments = arguments;
-  for (auto o : m.vjp_cotangents)
-    vjp_arguments.emplace_back(batched(m.forward_slots[o].shape));
+  for (auto o : vjp_cotangents)
+    vjp_arguments.emplace_back(batched(forward_slots[o].shape));
   std::vector<Result> gradients;
-  for (auto p : m.vjp_params)
+  for (auto p : vjp_params)
     gradients.push_back({a.parameters[p].base_shape, false});
-  m.param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, gradients);
-} catch (const Exception&) {
-  throw;
-} catch (const std::exception& e) { // what the checks above did not foresee, as one of ours
-  throw detail::foreign(fmt::format("loading the artifact '{}' for {}",
-                                    artifact ? artifact->root.string() : "?", device.str()),
-                        e);
+  param_vjp_graph = load(seg.param_vjp_package, "param_vjp_package", vjp_arguments, gradients);
 }
 
 } // namespace neml2

@@ -56,9 +56,16 @@ struct Session::Impl {
   bool outputs_in_master_order = true;  // the value graph returns outputs in master order
   bool graph_takes_inputs_as_is = true; // no reordering, no parameters
 
-  // Loading (loading.cpp). A composed model: the chain runs its segments; Jacobian blocks
-  // are the `derivatives`.
+  // Loading (loading.cpp), in steps: the variables' names and shapes and the parameters'
+  // values (returns each parameter's position by its name in metadata.json); a composed
+  // model's chain, which runs its segments (Jacobian blocks: the `derivatives`); one forward
+  // segment's outputs' shapes, its graphs' arguments and results in master positions, and
+  // its graphs loaded and checked.
+  std::map<std::string, std::size_t> index_variables();
   void make_chain();
+  void forward_output_shapes();
+  void place_forward_segment(const std::map<std::string, std::size_t>& param_index);
+  void load_forward_graphs();
 
   // Binding (binding.cpp).
   struct Binder;
