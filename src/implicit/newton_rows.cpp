@@ -97,26 +97,6 @@ std::vector<at::Tensor> RowNewton::call(const GraphFn& graph, const std::vector<
   return results;
 }
 
-// NEML2's test: row `row` converged at ||r|| = `norm` at check `it`.
-bool RowNewton::converged_at(std::size_t row, double norm, std::int64_t it) const {
-  return norm < _config.atol ||
-         (it > 0 && norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
-}
-
-// Row i leaves the working set: its unknowns, norm and flag into the batch's result.
-void RowNewton::finish(const Groups& u, std::int64_t i, bool converged) {
-  const auto row = _index[static_cast<std::size_t>(i)];
-  _out->copy_row(row, u, i);
-  _out_norm[row] = _norm[static_cast<std::size_t>(i)];
-  _out_converged[row] = converged;
-}
-
-// Row i fails at a zero or non-finite pivot of its A: no step.
-void RowNewton::finish_singular(const Groups& u, std::int64_t i) {
-  _singular[static_cast<std::size_t>(_index[static_cast<std::size_t>(i)])] = 1;
-  finish(u, i, false);
-}
-
 // The working set becomes its rows with `_keep` set, in order (gathered into new tensors
 // when some left); with `move`, each takes its full step (u += du).
 void RowNewton::advance(bool move) {
@@ -216,12 +196,6 @@ void RowNewton::step_in_place() {
       _gate_ok[static_cast<std::size_t>(i)] = gate(_du.data() + i * n, x.data());
     }
   });
-}
-
-// NEML2's gate on the relative test while substepping: ||du|| < substep_del_tol
-// (||u|| + atol) at the updated u (the step taken, alpha du with a line search).
-std::uint8_t RowNewton::gate(const double* du, const double* u) const {
-  return !_gate || norm(du, _n) < _config.substep_del_tol * (norm(u, _n) + _config.atol) ? 1 : 0;
 }
 
 NewtonResult newton_solve_rows(const NewtonGraphs& graphs, std::vector<at::Tensor> u0,

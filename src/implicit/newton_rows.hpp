@@ -19,10 +19,9 @@
 #include <neml2/artifact.hpp>
 
 #include "implicit/newton_graphs.hpp"
+#include "implicit/row_system.hpp"
 
 namespace neml2::detail {
-
-struct Groups;
 
 /// newton_solve's contract (newton.hpp), on rows. Every row that iterates is in the
 /// working set of each graph call, and no other: rows leave it as soon as they converge or
@@ -110,5 +109,33 @@ private:
   double* _out_norm = nullptr;
   bool* _out_converged = nullptr;
 };
+
+// The per-row steps every strategy's pass takes, inline in each.
+
+// NEML2's test: row `row` converged at ||r|| = `norm` at check `it`.
+inline bool RowNewton::converged_at(std::size_t row, double norm, std::int64_t it) const {
+  return norm < _config.atol ||
+         (it > 0 && norm < _config.rtol * _r0[row] && (!_gate || _gate_ok[row] != 0));
+}
+
+// Row i leaves the working set: its unknowns, norm and flag into the batch's result.
+inline void RowNewton::finish(const Groups& u, std::int64_t i, bool converged) {
+  const auto row = _index[static_cast<std::size_t>(i)];
+  _out->copy_row(row, u, i);
+  _out_norm[row] = _norm[static_cast<std::size_t>(i)];
+  _out_converged[row] = converged;
+}
+
+// Row i fails at a zero or non-finite pivot of its A: no step.
+inline void RowNewton::finish_singular(const Groups& u, std::int64_t i) {
+  _singular[static_cast<std::size_t>(_index[static_cast<std::size_t>(i)])] = 1;
+  finish(u, i, false);
+}
+
+// NEML2's gate on the relative test while substepping: ||du|| < substep_del_tol
+// (||u|| + atol) at the updated u (the step taken, alpha du with a line search).
+inline std::uint8_t RowNewton::gate(const double* du, const double* u) const {
+  return !_gate || norm(du, _n) < _config.substep_del_tol * (norm(u, _n) + _config.atol) ? 1 : 0;
+}
 
 } // namespace neml2::detail
