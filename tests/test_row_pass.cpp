@@ -524,6 +524,37 @@ TEST_CASE("LAPACK's rows: subnormal entries flushed, the solution as unflushed, 
   CHECK(neml2::detail::FlushSubnormals::control() == flushed_word);
 }
 
+TEST_CASE("each session plans its segments' Newton once, at load and when its config changes") {
+  // Each plan as "strategy slot": its NewtonStrategy and its NewtonFactors column.
+  const auto plans = [](const neml2::Session& s) {
+    std::vector<std::string> found;
+    for (const auto& plan : neml2::detail::CallProtocol::newton_plans(s))
+      found.push_back(neml2::detail::to_string(plan.strategy) + " " +
+                      std::to_string(plan.factor_column));
+    return found;
+  };
+  using Found = std::vector<std::string>;
+  const neml2::Session elasticity(test::load_artifact(neml2::resolve_artifact_root(
+                                      test::stub("elasticity", "elasticity"), "elasticity")),
+                                  "cpu");
+  CHECK(plans(elasticity).empty());
+  auto j2 = test::session("j2_radial_return");
+  CHECK(plans(j2) == Found{"rows 0"});
+  // Block groups (grains on a sub-batch axis): the solve graph, no slot for the chord.
+  CHECK(plans(test::session("grains")) == Found{"solve_graph -1"});
+  // 300 bins a point: LAPACK's rows.
+  CHECK(plans(test::session("binned_precipitation_300")) == Found{"lapack_rows -1"});
+  CHECK(plans(test::session("perzyna_gmres")) == Found{"krylov -1"});
+  // The row pass asked off: planned again, the slot kept (the layout is the artifact's).
+  auto config = j2.solver_config();
+  config.row_pass = false;
+  j2.set_solver_config(config);
+  CHECK(plans(j2) == Found{"solve_graph 0"});
+  config.row_pass = true;
+  j2.set_solver_config(config);
+  CHECK(plans(j2) == Found{"rows 0"});
+}
+
 TEST_CASE("a segment's plan: the row pass up to row_pass_max_unknowns, LAPACK's rows above, "
           "the solve graph or GMRES elsewhere") {
   using neml2::detail::DerivativeSolve;

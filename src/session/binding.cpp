@@ -287,6 +287,10 @@ bool detail::CallProtocol::runs_chain(const Session& s) noexcept {
   return s._impl->chain != nullptr;
 }
 
+std::vector<detail::NewtonPlan> detail::CallProtocol::newton_plans(const Session& s) {
+  return s._impl->chain ? s._impl->chain->newton_plans() : std::vector<NewtonPlan>{};
+}
+
 std::size_t detail::CallProtocol::runners(const Session& s) noexcept {
   return s._impl->runners;
 }

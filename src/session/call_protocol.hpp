@@ -12,6 +12,7 @@
 #include <neml2/session.hpp>
 
 #include "graph/call.hpp"
+#include "implicit/newton_plan.hpp"
 #include "session/result_memory.hpp"
 
 namespace neml2::detail {
@@ -42,6 +43,8 @@ struct CallProtocol {
   /// Whether a call runs a segment chain (a solve, or several segments: its rows cost
   /// far more than one graph call's) rather than one forward segment's graphs.
   [[nodiscard]] static bool runs_chain(const Session& s) noexcept;
+  /// Each implicit segment's Newton plan, in order (none for a model without a solve).
+  [[nodiscard]] static std::vector<NewtonPlan> newton_plans(const Session& s);
   /// How many calls may run the session's graphs at once (its AOTI runners per graph).
   [[nodiscard]] static std::size_t runners(const Session& s) noexcept;
   /// Runs `op` on one chunk (see ChunkArgs); results in slot order. `places`: where each
