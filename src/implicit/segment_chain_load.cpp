@@ -322,53 +322,41 @@ SegmentChain::implicit_arguments(const ImplicitSegment& s, const std::vector<std
 
 void SegmentChain::load_implicit_graphs(const ImplicitSegment& s, const ImplicitArguments& a,
                                         ImplicitStep& step, const Loading& loading) {
-  const auto& u = a.u;
-  const auto& g = a.g;
-  const auto& r = a.r;
-  const auto& lu = a.lu;
-  const auto& lr = a.lr;
-  const auto& lug = a.lug;
-  const auto& block = a.block;
-  const auto& state = a.state;
-  const auto& per_row_state = a.per_row_state;
-  const auto& a_and_b = a.a_and_b;
-  const auto& a_and_given = a.a_and_given;
-  const auto& a_and_dparam = a.a_and_dparam;
-  const auto& a_blocks = a.a_blocks;
   step.newton.residual = in_newton_layout(
-      loading.load(s.residual_package, "residual_package", state, r.size()), 0, lug, 0, lr);
+      loading.load(s.residual_package, "residual_package", a.state, a.r.size()), 0, a.lug, 0, a.lr);
   step.newton.jacobian = in_newton_layout(
-      loading.load(s.jacobian_package, "jacobian_package", state, a_blocks + r.size()), 0, lug,
-      a_blocks, lr);
-  step.newton.solve = in_newton_layout(
-      loading.load(s.solve_package, "solve_package", a_and_b, u.size()), a_blocks, lr, 0, lu);
-  step.newton.a_blocks = step.a_blocks = a_blocks;
-  step.newton.dense_blocks = !block;
+      loading.load(s.jacobian_package, "jacobian_package", a.state, a.a_blocks + a.r.size()), 0,
+      a.lug, a.a_blocks, a.lr);
+  step.newton.solve =
+      in_newton_layout(loading.load(s.solve_package, "solve_package", a.a_and_b, a.u.size()),
+                       a.a_blocks, a.lr, 0, a.lu);
+  step.newton.a_blocks = step.a_blocks = a.a_blocks;
+  step.newton.dense_blocks = !a.block;
   step.newton.schedule = std::make_shared<NewtonSchedule>();
   if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
-    auto with_v = state;
-    pack_groups(with_v, u, lu);
-    step.newton.matvec = loading.load(s.matvec_package, "matvec_package", with_v, r.size());
+    auto with_v = a.state;
+    pack_groups(with_v, a.u, a.lu);
+    step.newton.matvec = loading.load(s.matvec_package, "matvec_package", with_v, a.r.size());
     step.newton.precond_setup =
-        loading.load(s.precond_setup_package, "precond_setup_package", state, unchecked_results);
+        loading.load(s.precond_setup_package, "precond_setup_package", a.state, unchecked_results);
     step.newton.precond_apply =
         loading.load(s.precond_apply_package, "precond_apply_package", Arguments{},
                      unchecked_results); // (state, r): its own checks
     step.newton.a_blocks = 0;
   }
-  step.given_blocks = r.size() * g.size();
+  step.given_blocks = a.r.size() * a.g.size();
   step.substeps = substep_plan(s, _artifact.root);
   step.predictor = loading.load(s.predictor_package, "predictor_package",
                                 Arguments(s.predictor_inputs.size()), s.predictor_outputs.size());
   step.jacobian_given =
-      loading.load(s.jacobian_given_package, "jacobian_given_package", state, step.given_blocks);
+      loading.load(s.jacobian_given_package, "jacobian_given_package", a.state, step.given_blocks);
   step.solve_ift = s.iterative_input_sensitivity
-                       ? dense_ift(s, a_blocks)
-                       : loading.load(s.solve_ift_package, "solve_ift_package", a_and_given,
+                       ? dense_ift(s, a.a_blocks)
+                       : loading.load(s.solve_ift_package, "solve_ift_package", a.a_and_given,
                                       s.jacobian_pairs.size());
-  step.dr_dparam =
-      loading.load(s.dr_dparam_package, "dr_dparam_package", per_row_state, a_blocks + r.size());
-  step.solve_param = loading.load(s.solve_param_package, "solve_param_package", a_and_dparam,
+  step.dr_dparam = loading.load(s.dr_dparam_package, "dr_dparam_package", a.per_row_state,
+                                a.a_blocks + a.r.size());
+  step.solve_param = loading.load(s.solve_param_package, "solve_param_package", a.a_and_dparam,
                                   s.param_jacobian_pairs.size());
   _has_input_derivatives = _has_input_derivatives && step.jacobian_given && step.solve_ift;
   _has_param_derivatives = _has_param_derivatives && step.jacobian_given && step.solve_ift &&
