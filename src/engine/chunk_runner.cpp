@@ -54,14 +54,14 @@ void add(Gatherer& results, std::size_t index, std::int64_t first, std::int64_t 
 }
 
 // Runs run(lane, i, first, n, chunk) for the pieces of `piece` rows covering rows
-// [first, first + rows), each on one of device `d`'s lanes (lanes_for: no more than the
+// [first, first + rows), each on one of device `d`'s lanes (the call's: no more than the
 // pieces), taken in order; `chunk` is the lane's own. The calling thread (lane 0) asks the
 // interrupt check before it takes a piece, unless no lane has taken one yet and
 // `asks_first` is false: a stop leaves the pieces taken before it, [0, k), and nothing
 // after. After a piece throws none starts, and what the lowest of those that threw threw
 // is rethrown: what one lane taking them in order would have thrown.
 template <class Run>
-void on_lanes(const ModelCore::State& core, std::size_t d, std::int64_t first, std::int64_t rows,
+void on_lanes(const CallContext& context, std::size_t d, std::int64_t first, std::int64_t rows,
               std::int64_t piece, bool asks_first, const Run& run) {
   if (rows <= 0 || piece <= 0)
     return;
@@ -79,14 +79,14 @@ void on_lanes(const ModelCore::State& core, std::size_t d, std::int64_t first, s
       failed = std::current_exception();
     }
   };
-  run_on_lanes(lanes_for(core, d, static_cast<std::size_t>(pieces)), [&](std::size_t lane) {
+  run_on_lanes(context.lanes_for(d, static_cast<std::size_t>(pieces)), [&](std::size_t lane) {
     ChunkArgs chunk;
     while (!stop.load(std::memory_order_relaxed)) {
       // Asked before a chunk is taken, so that one it stops leaves no hole behind.
       if (const auto taken = next.load();
           lane == 0 && taken < pieces && (asks_first || taken > 0)) {
         try {
-          ask_interrupt_check(core);
+          context.ask_interrupt_check();
         } catch (...) {
           fail(next.load());
           return;
@@ -112,7 +112,7 @@ void on_lanes(const ModelCore::State& core, std::size_t d, std::int64_t first, s
 void run_pieces(const ModelCore::State& core, const CallContext& context, const BoundCall& call,
                 Gatherer& results, std::size_t d, std::int64_t first, std::int64_t rows,
                 std::int64_t piece, std::size_t index) {
-  on_lanes(core, d, first, rows, piece, /*asks_first=*/false,
+  on_lanes(context, d, first, rows, piece, /*asks_first=*/false,
            [&](std::size_t, std::size_t i, std::int64_t at, std::int64_t n, ChunkArgs& chunk) {
              take_rows(call, at, n, core.compute[d], chunk);
              add(results, index, at, n,
@@ -128,11 +128,18 @@ std::int64_t pieces_of(const ModelCore::State& core, const BoundCall& call, std:
 }
 } // namespace
 
-std::size_t lanes_for(const ModelCore::State& core, std::size_t d, std::size_t work) {
-  if (!core.compute[d].is_cpu())
-    return 1;
-  return resolve_cpu_lanes(static_cast<std::int64_t>(core.cpu_lanes),
-                           lane_limits_here(CallProtocol::runners(core.sessions[d]), work));
+std::size_t CallContext::lanes_for(std::size_t d, std::size_t work) const noexcept {
+  return std::max<std::size_t>(std::min(lanes[d], work), 1);
+}
+
+void CallContext::ask_interrupt_check() const {
+  if (!interruptible())
+    return;
+  try {
+    (*interrupt_check)();
+  } catch (...) {
+    std::rethrow_exception(as_library_error(std::current_exception(), "the interrupt check"));
+  }
 }
 
 at::Tensor CallContext::factors_of(std::int64_t first, std::int64_t rows,
@@ -156,6 +163,15 @@ BoundRequest bind(const ModelCore::State& core, Request& request) {
   if (request.factors)
     context.newton_factors =
         NewtonFactorsAccess::slots(*request.factors, session.artifact(), call.batch);
+  context.lanes.reserve(core.compute.size());
+  for (std::size_t d = 0; d < core.compute.size(); ++d)
+    context.lanes.push_back(
+        core.compute[d].is_cpu()
+            ? resolve_cpu_lanes(static_cast<std::int64_t>(core.cpu_lanes),
+                                lane_limits_here(CallProtocol::runners(core.sessions[d])))
+            : 1);
+  context.observer = &core.observer;
+  context.interrupt_check = &core.interrupt_check;
   return {std::move(call), std::move(targets), std::move(context)};
 }
 
@@ -163,7 +179,7 @@ std::vector<at::Tensor> run_whole(const ModelCore::State& core, const CallContex
                                   BoundCall& call, std::size_t d,
                                   const std::vector<at::Tensor>& targets) {
   if (const auto piece = pieces_of(core, call, d, call.batch); piece > 0) {
-    Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/lanes_for(core, d) > 1,
+    Gatherer results(call, core.sessions[d].dtype(), /*concurrent=*/context.lanes_for(d) > 1,
                      targets);
     if (core.before_chunk) // the policy sees one chunk
       core.before_chunk(core.event(0, d, 0, call.batch, 0));
@@ -190,10 +206,11 @@ std::vector<at::Tensor> run_whole(const ModelCore::State& core, const CallContex
 void run_chunks(const ModelCore::State& core, const CallContext& context, const BoundCall& call,
                 Gatherer& results, std::size_t d, std::int64_t rows) {
   std::recursive_mutex observing; // the observer sees one chunk at a time (and may call back)
-  on_lanes(core, d, 0, call.batch, rows, /*asks_first=*/false,
+  on_lanes(context, d, 0, call.batch, rows, /*asks_first=*/false,
            [&](std::size_t lane, std::size_t index, std::int64_t first, std::int64_t n,
                ChunkArgs& chunk) {
-             const auto start = core.observer ? steady_clock::now() : steady_clock::time_point{};
+             const auto observed = context.observed();
+             const auto start = observed ? steady_clock::now() : steady_clock::time_point{};
              take_rows(call, first, n, core.compute[d], chunk);
              const auto event = core.event(index, d, first, n, 0, lane);
              const auto on_cpu = core.compute[d].is_cpu();
@@ -202,11 +219,11 @@ void run_chunks(const ModelCore::State& core, const CallContext& context, const 
                           on_cpu ? results.places(first, n) : Places{}));
              // Only the observer waits for an accelerator: without one, the next chunk is
              // queued while this one runs (results gathered on the CPU wait in their copy).
-             if (core.observer) {
+             if (observed) {
                finished_on(core, d);
                const auto seconds = seconds_since(start);
                const std::lock_guard lock(observing);
-               core.observer(core.event(index, d, first, n, seconds, lane));
+               (*context.observer)(core.event(index, d, first, n, seconds, lane));
              }
            });
 }
@@ -233,16 +250,6 @@ void run_chunk(const ModelCore::State& core, const CallContext& context, ChunkAr
   add(results, index, first, chunk.rows,
       run_rows(core, &event, context, d, chunk, first,
                on_cpu ? results.places(first, chunk.rows) : Places{}));
-}
-
-void ask_interrupt_check(const ModelCore::State& core) {
-  if (!core.interrupt_check)
-    return;
-  try {
-    core.interrupt_check();
-  } catch (...) {
-    std::rethrow_exception(as_library_error(std::current_exception(), "the interrupt check"));
-  }
 }
 
 void finished_on(const ModelCore::State& core, std::size_t d) {

@@ -17,17 +17,35 @@
 
 namespace neml2::detail {
 
-/// What a call carries beside its tensors, for every chunk of it: its operation and the
-/// chord's factors. Made once when the call is bound and owned by its runner (SyncCall, the
-/// asynchronous engine's call); the layers below see only the chunk's own rows of it.
+/// What a call carries beside its tensors, for every chunk of it: its operation, the
+/// chord's factors, its lanes, and the model's observer and interrupt check. Made once when
+/// the call is bound, on the calling thread, and owned by its runner (SyncCall, the
+/// asynchronous engine's call); the session and graph layers below see only a chunk's rows
+/// of the factors.
 struct CallContext {
   Operation op = Operation::forward;
   /// The chord's slots, `(batch, width)` on the CPU (NewtonFactors'), or undefined.
   at::Tensor newton_factors;
+  /// Per device, the lanes the call's work there may run on: on the CPU the policy's
+  /// cpu_lanes resolved against the session's runners on the calling thread
+  /// (resolve_cpu_lanes), 1 elsewhere.
+  std::vector<std::size_t> lanes;
+  /// The model's (ModelCore::State): not called when empty.
+  const ChunkObserver* observer = nullptr;
+  const InterruptCheck* interrupt_check = nullptr;
 
   /// The factors of rows [first, first + rows) on device `device` (none off the CPU).
   [[nodiscard]] at::Tensor factors_of(std::int64_t first, std::int64_t rows,
                                       c10::Device device) const;
+  /// The lanes on device `d` for `work` pieces (or chunks): lanes[d], at most `work`, at
+  /// least 1.
+  [[nodiscard]] std::size_t lanes_for(std::size_t d,
+                                      std::size_t work = LaneLimits::none) const noexcept;
+  [[nodiscard]] bool observed() const noexcept { return observer && *observer; }
+  [[nodiscard]] bool interruptible() const noexcept { return interrupt_check && *interrupt_check; }
+  /// Asks the interrupt check, if any (InterruptCheck); what it throws leaves as one of
+  /// the library's errors.
+  void ask_interrupt_check() const;
 };
 
 /// A request bound (checked, in positional order, no copy) against the model's master
@@ -39,12 +57,6 @@ struct BoundRequest {
   CallContext context;
 };
 [[nodiscard]] BoundRequest bind(const ModelCore::State& core, Request& request);
-
-/// The lanes a call on device `d` of `work` pieces (or chunks) runs on: on the CPU the
-/// policy's cpu_lanes resolved on this thread against the session's runners
-/// (resolve_cpu_lanes), 1 elsewhere.
-[[nodiscard]] std::size_t lanes_for(const ModelCore::State& core, std::size_t d,
-                                    std::size_t work = LaneLimits::none);
 
 /// The whole call as one chunk on device `d` (the inputs' device): no slicing, no copy
 /// (into `targets` when given); on the CPU a large batch runs in pieces (see piece_rows())
@@ -73,10 +85,6 @@ void run_chunk(const ModelCore::State& core, const CallContext& context, ChunkAr
 void run_chunk_on_lanes(const ModelCore::State& core, const CallContext& context,
                         const BoundCall& call, Gatherer& results, std::size_t d, std::int64_t first,
                         std::int64_t rows, std::size_t index);
-
-/// Asks the call's interrupt check, if any (InterruptCheck); what it throws leaves as one
-/// of the library's errors.
-void ask_interrupt_check(const ModelCore::State& core);
 
 /// Waits until this thread's work on accelerator `d` is done (nothing on the CPU): a
 /// chunk's seconds end when its results are ready.

@@ -38,7 +38,7 @@ std::size_t checked_chunks_in_flight(std::int64_t answer, const Device& device) 
 }
 
 std::size_t checked_cpu_lanes(std::int64_t answer) {
-  // Refused by the rule itself, when the model is made; resolved at each call (lanes_for).
+  // Refused by the rule itself, when the model is made; resolved at each call (bind, CallContext::lanes).
   (void)resolve_cpu_lanes(answer, {});
   return static_cast<std::size_t>(answer);
 }

@@ -48,18 +48,18 @@ bool SyncCall::runs_whole(std::size_t d, std::int64_t rows) const noexcept {
 
 std::vector<at::Tensor> SyncCall::run_whole(std::size_t d) {
   auto& s = *_state;
-  if (!s.core.observer)
+  if (!s.context.observed())
     return detail::run_whole(s.core, s.context, s.call, d, s.targets);
   const auto start = steady_clock::now();
   auto results = detail::run_whole(s.core, s.context, s.call, d, s.targets);
   finished_on(s.core, d); // the observer's seconds end when the results are ready
-  s.core.observer(s.core.event(0, d, 0, _batch, seconds_since(start)));
+  (*s.context.observer)(s.core.event(0, d, 0, _batch, seconds_since(start)));
   return results;
 }
 
 void SyncCall::run_chunks(std::size_t d, std::int64_t rows) {
   auto& s = *_state;
-  detail::run_chunks(s.core, s.context, s.call, s.gatherer(lanes_for(s.core, d) > 1), d, rows);
+  detail::run_chunks(s.core, s.context, s.call, s.gatherer(s.context.lanes_for(d) > 1), d, rows);
 }
 
 std::vector<at::Tensor> SyncCall::finish() {

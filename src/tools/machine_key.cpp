@@ -32,7 +32,7 @@ static std::string host_cpu_name() {
 }
 
 // The lanes a model's CPU call runs on when its policy asks for `requested`, as the engine
-// resolves them (src/engine/chunk_runner.cpp, lanes_for): on this thread, against the
+// resolves them (src/engine/chunk_runner.cpp, bind): on this thread, against the
 // runners its CPU session makes for them (a count out of range needs none: it is refused).
 static int resolved_cpu_lanes(std::int64_t requested) {
   const auto runners =

@@ -174,7 +174,7 @@ struct AsyncEngine::Impl {
             return;
           if (chunk.index > 0) {
             try {
-              ask_interrupt_check(core);
+              p.context.ask_interrupt_check();
             } catch (...) {
               interrupted = true;
               throw;
@@ -193,7 +193,7 @@ struct AsyncEngine::Impl {
   // released while the check runs).
   void wait_for_chunks(Progress& p, std::unique_lock<std::mutex>& lock) const {
     const auto ready = [&] { return p.done() || !p.caller_chunks.empty(); };
-    if (!core.interrupt_check) {
+    if (!p.context.interruptible()) {
       p.finished.wait(lock, ready);
       return;
     }
@@ -203,7 +203,7 @@ struct AsyncEngine::Impl {
       lock.unlock();
       std::exception_ptr stop;
       try {
-        ask_interrupt_check(core);
+        p.context.ask_interrupt_check();
       } catch (...) {
         stop = std::current_exception();
       }
@@ -280,8 +280,9 @@ struct AsyncEngine::Impl {
     try {
       const InCallback in_callback;
       engine.schedule.complete(progress, chunk, seconds);
-      if (core.observer)
-        core.observer(core.event(chunk.index, chunk.device, chunk.first, chunk.rows, seconds));
+      if (progress.context.observed())
+        (*progress.context.observer)(
+            core.event(chunk.index, chunk.device, chunk.first, chunk.rows, seconds));
     } catch (...) {
       if (!error)
         error = as_library_error(std::current_exception(),
