@@ -229,6 +229,106 @@ void kwn(benchmark::State& state, bool peer) {
   }
 }
 
+// Whole histories: `history_steps` steps from a case's inputs (its step 1). Each output
+// with an old value is the next step's old value (and its guess, where it is an input);
+// every other input with an old value moves by its first increment each step (x_n = x~1 +
+// n (x - x~1)); the rest are held. Items are point-steps. `ours_chord`: one NewtonFactors
+// over the history (the chord from step to step).
+constexpr int history_steps = 20;
+
+template <class Forward>
+Inputs run_history(const Inputs& first, const Forward& forward) {
+  Inputs state;
+  for (int n = 1; n <= history_steps; ++n) {
+    Inputs in;
+    for (const auto& [name, value] : first) {
+      const bool old = name.ends_with("~1");
+      const auto base = old ? name.substr(0, name.size() - 2) : name;
+      if (state.count(base))
+        in[name] = state.at(base);
+      else if (!first.count(base + "~1") || !first.count(base))
+        in[name] = value;
+      else {
+        const auto& now = first.at(base);
+        const auto& before = first.at(base + "~1");
+        in[name] = before + (now - before) * (old ? n - 1 : n);
+      }
+    }
+    auto out = forward(in);
+    state.clear();
+    for (auto& [name, value] : out)
+      if (first.count(name + "~1"))
+        state[name] = std::move(value);
+  }
+  return state;
+}
+
+enum class Runtime { peer, ours, ours_chord };
+
+void history(benchmark::State& state, Runtime runtime, const std::filesystem::path& stub,
+             const Inputs& first) {
+  const auto measured = [&](const auto& one_history) {
+    for (int i = 0; i < 2; ++i)
+      benchmark::DoNotOptimize(one_history());
+    for (auto _ : state)
+      benchmark::DoNotOptimize(one_history());
+    state.SetItemsProcessed(state.iterations() * state.range(0) * history_steps);
+  };
+  auto peer = neml2::aoti::load_model(stub, "model",
+                                      std::make_shared<neml2::aoti::SimpleScheduler>(
+                                          neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+  const auto peer_history = [&] {
+    return run_history(first, [&](const Inputs& in) { return peer.forward(in); });
+  };
+  if (runtime == Runtime::peer) {
+    measured(peer_history);
+    return;
+  }
+  auto model = neml2::load_model(stub, "model", neml2::SyncChunking{.device = "cpu"});
+  const bool chord = runtime == Runtime::ours_chord;
+  const auto ours_history = [&] {
+    neml2::NewtonFactors factors;
+    return run_history(first, [&](const Inputs& in) {
+      return chord ? model.forward(in, factors) : model.forward(in);
+    });
+  };
+  // Graph calls' rows per point-step, and the last state against NEML2's runtime's.
+  std::map<std::string, double> rows;
+  neml2::detail::observe_graph_calls([&](const std::string& file, std::int64_t n) {
+    for (const char* graph : {"_jacobian.pt2", "_residual.pt2", "_solve.pt2"})
+      rows[graph] += file.ends_with(graph) ? static_cast<double>(n) : 0.0;
+  });
+  const auto ours = ours_history();
+  neml2::detail::observe_graph_calls({});
+  double differs = 0;
+  for (const auto& [name, theirs] : peer_history())
+    differs = std::max(
+        differs, ((ours.at(name) - theirs).abs().max() / theirs.abs().max().clamp_min(1e-300))
+                     .item<double>());
+  measured(ours_history);
+  state.counters["relative_difference_from_peer"] = differs;
+  for (const auto& [graph, n] : rows)
+    state.counters[std::string(graph).substr(1, std::string(graph).find('.') - 1) +
+                   "_rows_per_point_step"] =
+        n / static_cast<double>(state.range(0) * history_steps);
+}
+
+void grains_history(benchmark::State& state, Runtime runtime) {
+  auto x = grains_inputs(state.range(0)); // the force held (it has no old value)
+  x.at("t") = x.at("t") * 0.1;             // steps of 0.1
+  history(state, runtime, grains_stub, x);
+}
+
+void multigrain_history(benchmark::State& state, Runtime runtime) {
+  if (const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_MULTIGRAIN"))
+    history(state, runtime, stub, multigrain_inputs(stub, state.range(0)));
+}
+
+void slip_systems_history(benchmark::State& state, Runtime runtime) {
+  if (const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_SLIP_SYSTEMS"))
+    history(state, runtime, stub, slip_system_inputs(stub, state.range(0)));
+}
+
 void batches(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch : {1, 64, 1024})
     b->Arg(batch);
@@ -242,5 +342,18 @@ BENCHMARK_CAPTURE(multigrain, peer, true)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(multigrain, ours, false)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(slip_systems, peer, true)->Apply(batches)->UseRealTime();
 BENCHMARK_CAPTURE(slip_systems, ours, false)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(grains_history, peer, Runtime::peer)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(grains_history, ours, Runtime::ours)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(grains_history, ours_chord, Runtime::ours_chord)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(multigrain_history, peer, Runtime::peer)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(multigrain_history, ours, Runtime::ours)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(multigrain_history, ours_chord, Runtime::ours_chord)
+    ->Apply(batches)
+    ->UseRealTime();
+BENCHMARK_CAPTURE(slip_systems_history, peer, Runtime::peer)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(slip_systems_history, ours, Runtime::ours)->Apply(batches)->UseRealTime();
+BENCHMARK_CAPTURE(slip_systems_history, ours_chord, Runtime::ours_chord)
+    ->Apply(batches)
+    ->UseRealTime();
 BENCHMARK_CAPTURE(kwn, peer, true)->Arg(1)->Arg(32)->UseRealTime();
 BENCHMARK_CAPTURE(kwn, ours, false)->Arg(1)->Arg(32)->UseRealTime();

@@ -24,8 +24,8 @@ constexpr int steps = 40;
 constexpr double history_rtol = 1e-7;
 
 // The implicit models in models/ and the reference group that starts each one's history
-// (its first step's inputs), on the row pass or not (Krylov, block groups: the chord does
-// not apply); scalar_substepping's rows substep.
+// (its first step's inputs), on the row pass or not (block groups and 300 bins: the tensor
+// path's chord; Krylov: the chord does not apply); scalar_substepping's rows substep.
 const std::pair<const char*, const char*> implicit_models[] = {{"scalar_backward_euler", "s0"},
                                                                {"scalar_substepping", "sub"},
                                                                {"j2_radial_return", "s0"},
@@ -35,7 +35,9 @@ const std::pair<const char*, const char*> implicit_models[] = {{"scalar_backward
                                                                {"perzyna_gmres", "s0"},
                                                                {"binned_precipitation", "s0"},
                                                                {"binned_dissolution", "s0"},
+                                                               {"binned_precipitation_300", "s0"},
                                                                {"grains", "s0"},
+                                                               {"grains_40", "s0"},
                                                                {"slip_systems", "s0"}};
 
 // Rows of each graph called while `f` runs, by graph (`jacobian`, `residual`, ...).
@@ -154,11 +156,12 @@ TEST_CASE("the chord over a 40-step history, on every implicit model: Newton's r
       CHECK(difference <= history_rtol);
       worst = std::max(worst, difference);
     }
-    // Where Newton runs on the row pass (dense, up to 64 unknowns), each point keeps its
-    // factor; elsewhere the chord does not apply and nothing changes.
+    // Where Newton's steps are direct (the row pass; block groups, 300 bins: the tensor
+    // path), each point keeps its factor; with Krylov steps the chord does not apply and
+    // nothing changes.
     const auto& s = model.sessions().front();
     const bool applies = factors.points() > 0;
-    CHECK(applies == (name != "perzyna_gmres" && name != "grains"));
+    CHECK(applies == (name != "perzyna_gmres"));
     if (applies && name != "j2_radial_return") // J2's one update a step: A where it starts
       CHECK(chord_a < plain_a);
     if (!applies)
@@ -407,4 +410,37 @@ TEST_CASE("an asynchronous policy's CPU chunks keep their points' factors too") 
   const auto points = a.begin()->second.size(0);
   CHECK(factors.points() == points);
   CHECK(late_a < 10 * points); // Newton takes A at every point-step that updates
+}
+
+TEST_CASE("the chord off the row pass: block groups (4 and 40 grains, 9 and 81 unknowns) and "
+          "300 bins keep a factor a point, and each step of eager NEML2's history matches") {
+  // unknowns per point: a NewtonFactors row holds 1 + n + n^2 values for the segment.
+  const std::tuple<const char*, std::int64_t, int> models[] = {
+      {"grains", 9, 5}, {"grains_40", 81, 5}, {"binned_precipitation_300", 300, 6}};
+  for (const auto& [artifact, n, steps] : models) {
+    const std::string name = artifact;
+    CAPTURE(name);
+    const test::Reference ref(name);
+    const auto stub = test::stub(name, "model");
+    const auto whole = load_model(stub, "model");
+    const auto chunked = load_model(stub, "model", SyncChunking{.device = "cpu", .batch_size = 3});
+    NewtonFactors factors, chunked_factors;
+    std::int64_t plain_a = 0, chord_a = 0;
+    for (int s = 0; s < steps; ++s) {
+      CAPTURE(s);
+      const auto in = ref.group(test::step_name(s) + "/in");
+      const auto expected = ref.group(test::step_name(s) + "/out");
+      TensorMap chord, plain;
+      chord_a += graph_rows([&] { chord = whole.forward(in, factors); })["jacobian"];
+      plain_a += graph_rows([&] { plain = whole.forward(in); })["jacobian"];
+      test::check_close(chord, expected, "the chord against eager NEML2", 1e-8);
+      test::check_close(chord, plain, "the chord against Newton", history_rtol);
+      // Chunks of 3 with their own factors: each point's factor is its own.
+      test::check_close(chunked.forward(in, chunked_factors), chord, "in chunks", 1e-12);
+    }
+    const auto points = ref.group("s0/in").begin()->second.size(0);
+    CHECK(factors.points() == points);
+    CHECK(factors.bytes() == points * (1 + n + n * n) * 8);
+    CHECK(chord_a < plain_a);
+  }
 }

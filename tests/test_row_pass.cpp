@@ -540,10 +540,10 @@ TEST_CASE("each session plans its segments' Newton once, at load and when its co
   CHECK(plans(elasticity).empty());
   auto j2 = test::session("j2_radial_return");
   CHECK(plans(j2) == Found{"rows 0"});
-  // Block groups (grains on a sub-batch axis): the solve graph, no slot for the chord.
-  CHECK(plans(test::session("grains")) == Found{"solve_graph -1"});
-  // 300 bins a point: LAPACK's rows.
-  CHECK(plans(test::session("binned_precipitation_300")) == Found{"lapack_rows -1"});
+  // Block groups (grains on a sub-batch axis): the solve graph, a slot for the chord.
+  CHECK(plans(test::session("grains")) == Found{"solve_graph 0"});
+  // 300 bins a point: LAPACK's rows, a slot too.
+  CHECK(plans(test::session("binned_precipitation_300")) == Found{"lapack_rows 0"});
   CHECK(plans(test::session("perzyna_gmres")) == Found{"krylov -1"});
   // The row pass asked off: planned again, the slot kept (the layout is the artifact's).
   auto config = j2.solver_config();
@@ -571,10 +571,16 @@ TEST_CASE("a segment's plan: the row pass up to row_pass_max_unknowns, LAPACK's 
   CHECK(plan({.unknowns = max}).keeps_factors());
   CHECK(plan({.unknowns = max}).derivatives == DerivativeSolve::rows);
   CHECK(plan({.unknowns = max + 1}).strategy == NewtonStrategy::lapack_rows);
-  CHECK_FALSE(plan({.unknowns = max + 1}).keeps_factors());
+  CHECK(plan({.unknowns = max + 1}).keeps_factors()); // the tensor path's chord
   CHECK(plan({.unknowns = max + 1}).derivatives == DerivativeSolve::lapack_rows);
   // Block groups: the solve graph eliminates NEML2's per-entry blocks; Krylov: GMRES.
   CHECK(plan({.unknowns = 8, .block_groups = true}).strategy == NewtonStrategy::solve_graph);
+  CHECK(plan({.unknowns = 8, .block_groups = true}).keeps_factors());
+  CHECK_FALSE(plan({.unknowns = 8, .krylov = true}).keeps_factors());
+  // Off the CPU's double the graphs' strategies keep no factor (NewtonFactors are the CPU's).
+  CHECK_FALSE(plan({.unknowns = 8, .block_groups = true}, c10::kCPU, c10::kFloat).keeps_factors());
+  CHECK_FALSE(
+      plan({.unknowns = 8, .block_groups = true}, c10::Device("cuda:0")).keeps_factors());
   CHECK(plan({.unknowns = 8, .krylov = true}).strategy == NewtonStrategy::krylov);
   CHECK(plan({.unknowns = 8, .krylov = true}).derivatives == DerivativeSolve::rows);
   // Off the CPU's double, or asked off, whatever the size: the graphs.
@@ -587,11 +593,11 @@ TEST_CASE("a segment's plan: the row pass up to row_pass_max_unknowns, LAPACK's 
   CHECK(plan({.unknowns = 1}).derivatives == DerivativeSolve::graphs);
   // Above it, LAPACK's rows on the CPU, with the row pass asked off too.
   CHECK(plan({.unknowns = max + 1}).strategy == NewtonStrategy::lapack_rows);
-  // A NewtonFactors row holds a slot for every segment the row pass can run, on any device.
+  // A NewtonFactors row holds a slot for every segment of direct steps, on any device.
   CHECK(neml2::detail::has_factor_slot({.unknowns = max}));
-  CHECK_FALSE(neml2::detail::has_factor_slot({.unknowns = max + 1}));
+  CHECK(neml2::detail::has_factor_slot({.unknowns = max + 1}));
   CHECK_FALSE(neml2::detail::has_factor_slot({.unknowns = 8, .krylov = true}));
-  CHECK_FALSE(neml2::detail::has_factor_slot({.unknowns = 8, .block_groups = true}));
+  CHECK(neml2::detail::has_factor_slot({.unknowns = 8, .block_groups = true}));
 
   // Graphs written by hand: counted per row from the sizes after the batch axis, over
   // every group (a sub-batched group, an empty batch).

@@ -88,6 +88,86 @@ at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout) {
   return parts.size() == 1 ? parts.front() : at::cat(parts, 1);
 }
 
+namespace {
+// Where each of a group's values, taken entry by entry (the graphs' order), sits in
+// Newton's `(B, width)`; none for a dense group (the same order).
+std::optional<at::Tensor> newton_positions(const GroupLayout& layout, std::int64_t width) {
+  if (!layout.block())
+    return std::nullopt;
+  const auto entries = numel(layout.sub_batch), per_entry = layout.entry_width(width);
+  std::vector<std::int64_t> at(static_cast<std::size_t>(entries * per_entry));
+  std::int64_t first = 0, offset = 0; // the variable's first value in Newton, in an entry
+  for (auto w : layout.widths) {
+    for (std::int64_t e = 0; e < entries; ++e)
+      for (std::int64_t k = 0; k < w; ++k)
+        at[static_cast<std::size_t>(e * per_entry + offset + k)] = first + e * w + k;
+    first += entries * w;
+    offset += w;
+  }
+  return at::tensor(at, at::kLong);
+}
+
+// A block between a block group's entries and anything: `(B, E, r, c)` with E the entries.
+at::Tensor by_entries(const at::Tensor& block, std::int64_t entries) {
+  return block.reshape({block.size(0), entries, block.size(-2), block.size(-1)});
+}
+} // namespace
+
+at::Tensor dense_jacobian(const std::vector<at::Tensor>& blocks,
+                          const std::vector<GroupLayout>& rows,
+                          const std::vector<std::int64_t>& row_widths,
+                          const std::vector<GroupLayout>& columns,
+                          const std::vector<std::int64_t>& column_widths) {
+  std::int64_t batch = 1, n_r = 0, n_u = 0;
+  for (const auto& b : blocks)
+    batch = std::max<std::int64_t>(batch, b.size(0));
+  for (auto w : row_widths)
+    n_r += w;
+  for (auto w : column_widths)
+    n_u += w;
+  const auto& like = blocks.front();
+  auto a = at::zeros({batch, n_r, n_u}, like.options());
+  std::int64_t row_at = 0;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::int64_t column_at = 0;
+    for (std::size_t j = 0; j < columns.size(); ++j) {
+      const auto& block = blocks[i * columns.size() + j];
+      const auto &lr = rows[i], &lc = columns[j];
+      const auto r = row_widths[i], c = column_widths[j];
+      at::Tensor dense;               // (B or 1, r, c), each side in its graph order
+      if (lr.block() && lc.block()) { // entry by entry: block diagonal
+        const auto entries = numel(lr.sub_batch);
+        const auto per_entry = by_entries(block, entries);
+        auto full =
+            at::zeros({per_entry.size(0), entries, per_entry.size(2), entries, per_entry.size(3)},
+                      like.options());
+        full.diagonal(0, 1, 3).copy_(per_entry.permute({0, 2, 3, 1}));
+        dense = full.reshape({per_entry.size(0), r, c});
+      } else if (lr.block())
+        dense = block.reshape({block.size(0), r, c});
+      else if (lc.block())
+        dense = by_entries(block, numel(lc.sub_batch))
+                    .permute({0, 2, 1, 3})
+                    .reshape({block.size(0), r, c});
+      else
+        dense = block.reshape({block.size(0), r, c});
+      auto target = a.narrow(1, row_at, r).narrow(2, column_at, c);
+      const auto row_positions = newton_positions(lr, r);
+      const auto column_positions = newton_positions(lc, c);
+      if (row_positions || column_positions) { // graph order -> Newton's, by index_put
+        const auto all_rows = at::arange(r, at::kLong), all_columns = at::arange(c, at::kLong);
+        const auto ri = (row_positions ? *row_positions : all_rows).view({r, 1});
+        const auto ci = (column_positions ? *column_positions : all_columns).view({1, c});
+        target.index_put_({at::indexing::Slice(), ri, ci}, dense.expand({batch, r, c}));
+      } else
+        target.copy_(dense);
+      column_at += c;
+    }
+    row_at += row_widths[i];
+  }
+  return a;
+}
+
 GraphFn in_newton_layout(GraphFn graph, std::size_t first_argument,
                          std::vector<GroupLayout> arguments, std::size_t first_result,
                          std::vector<GroupLayout> results) {

@@ -46,6 +46,16 @@ struct GroupLayout {
                                                         const GroupLayout& column,
                                                         std::int64_t column_width);
 
+/// A as one `(B, n_r, n_u)` matrix per row in Newton's layout (each group's values as
+/// `(B, width)` holds them), from the jacobian graph's blocks (residual groups outer,
+/// unknown groups inner, each `(B or 1, ...)` as jacobian_block_shape says); `rows` and
+/// `columns`: the residual and unknown groups' layouts and Newton widths.
+[[nodiscard]] at::Tensor dense_jacobian(const std::vector<at::Tensor>& blocks,
+                                        const std::vector<GroupLayout>& rows,
+                                        const std::vector<std::int64_t>& row_widths,
+                                        const std::vector<GroupLayout>& columns,
+                                        const std::vector<std::int64_t>& column_widths);
+
 /// `(B, width)` -> the graph's layout, and back.
 [[nodiscard]] at::Tensor to_graph(const at::Tensor& group, const GroupLayout& layout);
 [[nodiscard]] at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout);

@@ -3,6 +3,7 @@
 
 #include "implicit/lapack_rows.hpp"
 
+#include <cmath>
 #include <limits>
 #include <optional>
 
@@ -14,6 +15,7 @@
 
 #include "core/cpu_lanes.hpp"
 #include "core/flush_subnormals.hpp"
+#include "implicit/row_lu.hpp"
 #include "implicit/row_system.hpp"
 #include "implicit/tensor_newton.hpp"
 
@@ -89,6 +91,36 @@ at::Tensor minus_solve_lapack_rows(const std::vector<at::Tensor>& a_blocks,
         solved[r * m + k] = regular ? -x[r + k * n] : std::numeric_limits<double>::quiet_NaN();
   }
   return out;
+}
+
+bool lapack_lu_factor(double* a, std::int64_t n, std::int64_t* pivot,
+                      std::vector<double>& scratch) {
+  if (!lapack_rows_available())
+    return lu_factor(a, n, pivot);
+  // getrf is column-major: A goes in transposed, and its LU comes back row-major.
+  scratch.resize(static_cast<std::size_t>(n * n));
+  for (std::int64_t r = 0; r < n; ++r)
+    for (std::int64_t c = 0; c < n; ++c)
+      scratch[static_cast<std::size_t>(c * n + r)] = a[r * n + c];
+  std::vector<int> pivots(static_cast<std::size_t>(n));
+  int order = static_cast<int>(n), info = 0;
+  {
+    const LapackOnThisThread one_thread;
+    const FlushSubnormals flushed;
+    dgetrf_(&order, &order, scratch.data(), &order, pivots.data(), &info);
+  }
+  if (info < 0)
+    throw FatalError(fmt::format("LAPACK's dgetrf refused argument {} of a {} x {} system: a bug "
+                                 "in neml2-dispatch's chord, please report it",
+                                 -info, n, n));
+  bool regular = info == 0;
+  for (std::int64_t r = 0; r < n; ++r) {
+    pivot[r] = pivots[static_cast<std::size_t>(r)] - 1;
+    for (std::int64_t c = 0; c < n; ++c)
+      a[r * n + c] = scratch[static_cast<std::size_t>(c * n + r)];
+    regular = regular && std::isfinite(a[r * n + r]) && a[r * n + r] != 0;
+  }
+  return regular;
 }
 
 std::vector<at::Tensor> lapack_rows_step(const std::vector<at::Tensor>& jacobian,

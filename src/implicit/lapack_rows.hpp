@@ -38,4 +38,11 @@ namespace neml2::detail {
                                                  const std::vector<at::Tensor>& c_blocks,
                                                  std::size_t residual_groups);
 
+/// Factors the `n` x `n` row-major `a` in place as lu_factor does (row_lu.hpp: L with a
+/// unit diagonal below, U on and above, row k swapped with `pivot[k]`), by LAPACK's getrf
+/// on the calling thread alone, subnormals flushed; by lu_factor where torch exports no
+/// LAPACK. False at a zero or non-finite pivot. `scratch`: n * n doubles of room.
+[[nodiscard]] bool lapack_lu_factor(double* a, std::int64_t n, std::int64_t* pivot,
+                                    std::vector<double>& scratch);
+
 } // namespace neml2::detail

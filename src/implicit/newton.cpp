@@ -26,6 +26,9 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, const NewtonPlan& plan,
   check_plan(plan, u0);
   if (plan.strategy == NewtonStrategy::rows)
     return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative, factors);
+  if (plan.keeps_factors() && (config.chord || factors.defined()))
+    return newton_solve_tensor_chord(graphs, plan, u0, givens, params, config, gate_relative,
+                                     factors);
   return newton_solve_tensors(graphs, plan, std::move(u0), givens, params, config, gate_relative);
 }
 

@@ -30,6 +30,9 @@ struct NewtonGraphs {
   /// Whether A's blocks are `(B, r, u)` per residual and unknown group, as the row pass
   /// reads them (not so for block-structured groups: NEML2's per-entry blocks).
   bool dense_blocks = true;
+  /// (A's blocks) -> {A `(B, n_r, n_u)` in Newton's layout}, for the chord off the row pass;
+  /// empty where the blocks are dense (dense_blocks): side by side.
+  GraphFn dense_a;
   GraphFn matvec; ///< (u groups, g groups, params, v per unknown group) -> A v per residual group
   GraphFn precond_setup; ///< (u groups, g groups, params) -> the preconditioner's state
   GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`

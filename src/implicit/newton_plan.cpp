@@ -23,7 +23,7 @@ NewtonShape newton_shape(const ImplicitSegment& segment) {
 }
 
 bool has_factor_slot(const NewtonShape& shape) {
-  return shape.unknowns <= row_pass_max_unknowns && !shape.krylov && !shape.block_groups;
+  return !shape.krylov;
 }
 
 NewtonPlan plan_newton(const NewtonShape& shape, c10::Device device, c10::ScalarType dtype,

@@ -62,17 +62,19 @@ struct NewtonPlan {
   c10::Device device = c10::kCPU; ///< what it was made for
   c10::ScalarType dtype = c10::kDouble;
 
-  /// Whether a solve keeps each row's factor (the chord, when asked for): on the row pass,
-  /// where the segment has a slot.
-  [[nodiscard]] bool keeps_factors() const noexcept { return strategy == NewtonStrategy::rows; }
+  /// Whether a solve keeps each row's factor (the chord, when asked for): every direct
+  /// strategy on the CPU in double (the row pass's own; the others', tensor_chord.cpp).
+  [[nodiscard]] bool keeps_factors() const noexcept {
+    return strategy == NewtonStrategy::rows ||
+           (strategy != NewtonStrategy::krylov && device.is_cpu() && dtype == c10::kDouble);
+  }
 };
 
 /// The shape of `segment`'s Newton: its unknowns (the widths its groups hold) and kind.
 [[nodiscard]] NewtonShape newton_shape(const ImplicitSegment& segment);
 
 /// Whether a NewtonFactors row holds a slot for a segment of this shape: whatever the
-/// device, every segment the row pass can run (at most row_pass_max_unknowns, a direct
-/// step, dense groups).
+/// device, every segment with direct steps (dense or block groups, any size; not Krylov).
 [[nodiscard]] bool has_factor_slot(const NewtonShape& shape);
 
 /// The plan of a segment of `shape` on `device` in `dtype` under `config`.

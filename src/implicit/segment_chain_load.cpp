@@ -332,6 +332,11 @@ void SegmentChain::load_implicit_graphs(const ImplicitSegment& s, const Implicit
                        a.a_blocks, a.lr, 0, a.lu);
   step.newton.a_blocks = step.a_blocks = a.a_blocks;
   step.newton.dense_blocks = !a.block;
+  if (a.block) // the chord factors A itself (tensor_chord.cpp)
+    step.newton.dense_a = [lr = a.lr, r = a.r, lu = a.lu,
+                           u = a.u](const std::vector<at::Tensor>& blocks) {
+      return std::vector<at::Tensor>{dense_jacobian(blocks, lr, r, lu, u)};
+    };
   step.newton.schedule = std::make_shared<NewtonSchedule>();
   if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
     auto with_v = a.state;

@@ -103,6 +103,29 @@ at::Tensor row_dot(const std::vector<at::Tensor>& a, const std::vector<at::Tenso
   return (flatten_groups(a) * flatten_groups(b)).sum(1);
 }
 
+// The plan's Newton step du per unknown group: A du = b by the solve graph (block groups:
+// NEML2's per-entry blocks, eliminated entry by entry) or LAPACK's rows (lapack_rows.hpp:
+// torch's batched LU in the graph goes wrong there on several intra-op threads), or GMRES.
+std::vector<at::Tensor> newton_step(const NewtonGraphs& graphs, const NewtonPlan& plan,
+                                    WorkingSet& w, const std::vector<at::Tensor>& params,
+                                    const SolverConfig& config) {
+  switch (plan.strategy) {
+  case NewtonStrategy::krylov:
+    return krylov_step(graphs, w, params, config.krylov);
+  case NewtonStrategy::lapack_rows:
+    return lapack_rows_step(w.jacobian, graphs.a_blocks, w.u);
+  default:
+    return graphs.solve(w.jacobian);
+  }
+}
+
+bool worth_compacting(const WorkingSet& w, double compact_below) {
+  return w.n_active > 0 && w.n_active < w.rows() &&
+         static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
+}
+
+} // namespace
+
 // The line search of NEML2's Newton (as its runtime behaves, measured: see
 // docs/architecture.md), per row: alpha = 1, 1/cutback, ... for at most ls_max_iters - 1
 // residual evaluations; a row stops at the first alpha with ||b(u + alpha du)||^2 <= crit
@@ -139,29 +162,6 @@ at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
   }
   return alpha;
 }
-
-// The plan's Newton step du per unknown group: A du = b by the solve graph (block groups:
-// NEML2's per-entry blocks, eliminated entry by entry) or LAPACK's rows (lapack_rows.hpp:
-// torch's batched LU in the graph goes wrong there on several intra-op threads), or GMRES.
-std::vector<at::Tensor> newton_step(const NewtonGraphs& graphs, const NewtonPlan& plan,
-                                    WorkingSet& w, const std::vector<at::Tensor>& params,
-                                    const SolverConfig& config) {
-  switch (plan.strategy) {
-  case NewtonStrategy::krylov:
-    return krylov_step(graphs, w, params, config.krylov);
-  case NewtonStrategy::lapack_rows:
-    return lapack_rows_step(w.jacobian, graphs.a_blocks, w.u);
-  default:
-    return graphs.solve(w.jacobian);
-  }
-}
-
-bool worth_compacting(const WorkingSet& w, double compact_below) {
-  return w.n_active > 0 && w.n_active < w.rows() &&
-         static_cast<double>(w.n_active) <= compact_below * static_cast<double>(w.rows());
-}
-
-} // namespace
 
 NewtonResult newton_solve_tensors(const NewtonGraphs& graphs, const NewtonPlan& plan,
                                   std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens,

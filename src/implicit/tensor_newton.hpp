@@ -40,10 +40,30 @@ struct WorkingSet {
 [[nodiscard]] std::vector<at::Tensor> split_groups(const at::Tensor& flat,
                                                    const std::vector<at::Tensor>& like);
 
+/// NEML2's line search along the step `du` (per unknown group) of the working set's rows
+/// that iterate (`w.active`), from its jacobian graph's b: each row's alpha, `(rows,)`.
+[[nodiscard]] at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
+                                     const std::vector<at::Tensor>& du,
+                                     const std::vector<at::Tensor>& params,
+                                     const SolverConfig& config);
+
 /// A Krylov Newton step du per unknown group (krylov_step.cpp).
 [[nodiscard]] std::vector<at::Tensor> krylov_step(const NewtonGraphs& graphs, WorkingSet& w,
                                                   const std::vector<at::Tensor>& params,
                                                   const SolverConfig::Krylov& config);
+
+/// The chord on the tensor path (CPU, double: block groups, LAPACK-sized systems): each row
+/// steps from the LU of the last A it took, kept in its slot of `factors` (`(B,
+/// chord_slot_width(n))`, rows contiguous; none: this solve's own), calling the residual
+/// graph alone, until chord_refactors says it takes A again (the jacobian graph on such rows
+/// alone). A step from an older factor that does not lower ||r|| (with a line search: by its
+/// sufficient decrease at alpha = 1) is taken back, and A taken where it started; a step
+/// from a new A takes the line search when there is one. Rows converge by NEML2's test.
+[[nodiscard]] NewtonResult
+newton_solve_tensor_chord(const NewtonGraphs& graphs, const NewtonPlan& plan,
+                          const std::vector<at::Tensor>& u0, const std::vector<at::Tensor>& givens,
+                          const std::vector<at::Tensor>& params, const SolverConfig& config,
+                          bool gate_relative, const at::Tensor& factors);
 
 /// newton_solve's contract (newton.hpp) in tensor operations.
 [[nodiscard]] NewtonResult newton_solve_tensors(const NewtonGraphs& graphs, const NewtonPlan& plan,
