@@ -6,6 +6,7 @@
 
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include "graph/graph.hpp" // the library's private parts
 #include "model_checks.hpp"
 
 using namespace neml2;
@@ -297,4 +298,31 @@ TEST_CASE("the AOTI runtime's input checks refuse one row; the session pads it")
   CHECK_NOTHROW(static_cast<void>(raw.run({at::zeros({2, 6}, at::kDouble)})));
   const auto s = open("elasticity", "elasticity");
   CHECK(s.forward({{"strain", at::zeros({1, 6}, at::kDouble)}}).at("stress").size(0) == 1);
+}
+
+TEST_CASE("a graph exported for two rows or more runs one unpadded where it gives that row the "
+          "same bits; under the runtime's input checks it stays padded") {
+  const auto root = resolve_artifact_root(test::stub("perzyna", "perzyna"), "perzyna");
+  const auto artifact = read_artifact(root);
+  const auto& segment = std::get<ForwardSegment>(artifact.segments.front());
+  neml2::detail::Graph graph(artifact.leaf(Device("cpu"), at::kDouble), segment.package,
+                             c10::kCPU, at::kDouble, 1, "package");
+  graph.expect({}, neml2::detail::unchecked_results);
+  graph.probe_one_row(at::kDouble);
+  CHECK(graph.runs_one_row() == (std::getenv("AOTI_RUNTIME_CHECK_INPUTS") == nullptr));
+  // Either way, one row's results are those it has among two (the padding's or its own).
+  const auto& inputs = graph.signature().inputs;
+  std::vector<at::Tensor> two, one;
+  for (const auto& in : inputs) {
+    auto sizes = in.sizes;
+    for (auto& d : sizes)
+      d = d < 0 ? 2 : d;
+    two.push_back(at::rand(sizes, at::kDouble));
+    one.push_back(in.batched() ? two.back().narrow(0, 1, 1).contiguous() : two.back());
+  }
+  const auto from_two = graph.run(two), from_one = graph.run(one);
+  REQUIRE(from_two.size() == from_one.size());
+  for (std::size_t r = 0; r < from_two.size(); ++r)
+    if (from_two[r].dim() > 0 && from_two[r].size(0) == 2)
+      CHECK(at::equal(from_one[r], from_two[r].narrow(0, 1, 1)));
 }

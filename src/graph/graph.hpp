@@ -71,6 +71,13 @@ public:
   void expect(const std::vector<std::optional<Shape>>& arguments, std::vector<Result> results,
               c10::ScalarType dtype);
 
+  /// Whether a call of one row runs as it is, unpadded, on a dynamic CPU graph exported for
+  /// at least two rows (torch.export's 0/1 specialization: NEML2's runtime passes it one):
+  /// where a probe at load, two distinct rows and then the first alone, gives that row the
+  /// same bits (NaN where NaN), without an error. Else such calls stay padded.
+  void probe_one_row(c10::ScalarType dtype);
+  [[nodiscard]] bool runs_one_row() const noexcept { return _runs_one_row; }
+
   /// Each result's shape per row (its batch axis dropped), from one call on zeros at the
   /// graph's smallest batch: what metadata.json does not record (an output's sub-batch axes).
   [[nodiscard]] std::vector<Shape> result_shapes(c10::ScalarType dtype) const;
@@ -100,6 +107,7 @@ private:
   c10::ScalarType _result_dtype = c10::kDouble;
   std::int64_t _min_rows = 0, _max_rows = std::numeric_limits<std::int64_t>::max();
   std::int64_t _fixed_rows = 0;
+  bool _runs_one_row = false; // probe_one_row()
   std::size_t _container_outputs = 0; // what the compiled library returns per call
   bool _rows_differ = false;
 };

@@ -87,7 +87,7 @@ std::vector<at::Tensor> Graph::run(const std::vector<at::Tensor>& given) const {
     const LandingPause not_the_graph; // what the observer allocates and keeps is its own
     (*observer)(_file, rows < 0 ? 1 : rows);
   }
-  if (rows >= 0 && rows < _min_rows)
+  if (rows >= 0 && rows < _min_rows && !(rows == 1 && _runs_one_row))
     return run_padded(args, rows);
   return run_checked(args);
 }

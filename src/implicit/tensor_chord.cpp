@@ -275,6 +275,7 @@ private:
       std::copy(_du.data() + batch_rows[q] * n, _du.data() + (batch_rows[q] + 1) * n,
                 du.data_ptr<double>() + static_cast<std::int64_t>(q) * n);
     }
+    w.r0 = w.norm;
     w.active = at::ones({w.norm.size(0)}, _u.options().dtype(at::kBool));
     const auto alpha =
         line_search(_graphs, w, split_groups(du, w.u), _params, _config).contiguous();

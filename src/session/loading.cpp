@@ -58,6 +58,7 @@ void Session::Impl::make_chain() {
         auto graph =
             std::make_shared<Graph>(leaf, package, torch_device, dtype, runners, listed_as);
         graph->expect(arguments, results);
+        graph->probe_one_row(dtype);
         if (result_shapes)
           *result_shapes = graph->result_shapes(dtype);
         return [graph](const std::vector<at::Tensor>& args) { return graph->run(args); };
@@ -234,6 +235,7 @@ void Session::Impl::load_forward_graphs() {
       return Graph{};
     Graph graph(leaf, package, torch_device, dtype, runners, listed_as);
     graph.expect(takes, std::move(results), dtype);
+    graph.probe_one_row(dtype);
     return graph;
   };
   value_graph = load(seg.package, "package", arguments, outputs);
