@@ -302,9 +302,9 @@ void history(benchmark::State& state, Runtime runtime, const std::filesystem::pa
   neml2::detail::observe_graph_calls({});
   double differs = 0;
   for (const auto& [name, theirs] : peer_history())
-    differs = std::max(
-        differs, ((ours.at(name) - theirs).abs().max() / theirs.abs().max().clamp_min(1e-300))
-                     .item<double>());
+    differs = std::max(differs,
+                       ((ours.at(name) - theirs).abs().max() / theirs.abs().max().clamp_min(1e-300))
+                           .item<double>());
   measured(ours_history);
   state.counters["relative_difference_from_peer"] = differs;
   for (const auto& [graph, n] : rows)
@@ -315,7 +315,7 @@ void history(benchmark::State& state, Runtime runtime, const std::filesystem::pa
 
 void grains_history(benchmark::State& state, Runtime runtime) {
   auto x = grains_inputs(state.range(0)); // the force held (it has no old value)
-  x.at("t") = x.at("t") * 0.1;             // steps of 0.1
+  x.at("t") = x.at("t") * 0.1;            // steps of 0.1
   history(state, runtime, grains_stub, x);
 }
 

@@ -444,3 +444,44 @@ TEST_CASE("the chord off the row pass: block groups (4 and 40 grains, 9 and 81 u
     CHECK(chord_a < plain_a);
   }
 }
+
+TEST_CASE("the chord with NEML2's line search (on the row pass's models and on block groups): "
+          "Newton's results within its tolerance, fewer jacobian rows, the same failure masks") {
+  // ls_max_iters = 5: a fresh A's step takes the line search; a step from an older factor
+  // that the search's sufficient decrease at alpha = 1 refuses is taken back.
+  for (const auto* type : {"BACKTRACKING", "STRONG_WOLFE"})
+    for (const auto& [artifact, group] :
+         {std::pair{"chaboche_viscoplasticity", "s0"}, {"grains", "s0"}, {"grains_40", "s0"}}) {
+      const std::string name = artifact;
+      CAPTURE(name);
+      CAPTURE(type);
+      auto model = load_model(test::stub(name, "model"), "model");
+      auto config = model.solver_config();
+      config.ls_max_iters = 5;
+      config.ls_type = type;
+      model.set_solver_config(config);
+      const History history(model, test::Reference(name).group(std::string(group) + "/in"));
+      NewtonFactors factors;
+      TensorMap plain, chord;
+      std::int64_t plain_a = 0, chord_a = 0;
+      for (int n = 1; n <= 10; ++n) {
+        CAPTURE(n);
+        Step p, c;
+        const auto plain_in = history.inputs(n, plain), chord_in = history.inputs(n, chord);
+        plain_a += graph_rows([&] {
+          p = evaluate([&](const TensorMap& in) { return model.forward(in); }, plain_in);
+        })["jacobian"];
+        chord_a += graph_rows([&] {
+          c = evaluate([&](const TensorMap& in) { return model.forward(in, factors); }, chord_in);
+        })["jacobian"];
+        REQUIRE(p.converged.defined() == c.converged.defined());
+        if (p.converged.defined())
+          CHECK(test::identical(p.converged, c.converged));
+        plain = std::move(p.outputs);
+        chord = std::move(c.outputs);
+        CHECK(relative_difference(chord, plain) <= history_rtol);
+      }
+      CHECK(factors.points() > 0);
+      CHECK(chord_a < plain_a);
+    }
+}

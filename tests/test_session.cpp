@@ -305,8 +305,8 @@ TEST_CASE("a graph exported for two rows or more runs one unpadded where it give
   const auto root = resolve_artifact_root(test::stub("perzyna", "perzyna"), "perzyna");
   const auto artifact = read_artifact(root);
   const auto& segment = std::get<ForwardSegment>(artifact.segments.front());
-  neml2::detail::Graph graph(artifact.leaf(Device("cpu"), at::kDouble), segment.package,
-                             c10::kCPU, at::kDouble, 1, "package");
+  neml2::detail::Graph graph(artifact.leaf(Device("cpu"), at::kDouble), segment.package, c10::kCPU,
+                             at::kDouble, 1, "package");
   graph.expect({}, neml2::detail::unchecked_results);
   graph.probe_one_row(at::kDouble);
   CHECK(graph.runs_one_row() == (std::getenv("AOTI_RUNTIME_CHECK_INPUTS") == nullptr));

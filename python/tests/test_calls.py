@@ -528,3 +528,27 @@ def test_newton_factors_the_chord_from_call_to_call():
     config.chord_rate = 0.0
     with pytest.raises(nd.FatalError, match="chord_rate is 0; it must be within"):
         model.set_solver_config(config)
+
+
+
+def test_newton_factors_on_block_structured_unknowns():
+    # grains: 4 grains' hardening and slip in a block group beside p, 9 unknowns a point:
+    # the chord keeps each point's LU (1 + 9 + 81 values) across a history.
+    model = nd.load_model(stub("grains", "model"), "model")
+    rows = 8
+    given = {"f": torch.linspace(1.5, 3.0, rows), "p": torch.zeros(rows),
+             "hardening": torch.zeros(rows, 4), "slip": torch.zeros(rows, 4)}
+    factors = nd.NewtonFactors()
+    state, plain = dict(given), dict(given)
+    for step in range(1, 11):
+        for inputs in (state, plain):
+            inputs["t~1"], inputs["t"] = torch.full((rows,), 0.1 * (step - 1)), \
+                torch.full((rows,), 0.1 * step)
+            for name in ("p", "hardening", "slip"):
+                inputs[name + "~1"] = inputs[name]
+        chord_out, plain_out = model.forward(state, factors), model.forward(plain)
+        check_maps(chord_out, plain_out, "the chord against Newton", rtol=1e-7)
+        for inputs, out in ((state, chord_out), (plain, plain_out)):
+            for name in ("p", "hardening", "slip"):
+                inputs[name] = out[name]
+    assert factors.points == rows and factors.nbytes == rows * (1 + 9 + 9 * 9) * 8

@@ -24,9 +24,11 @@ NewtonResult newton_solve(const NewtonGraphs& graphs, const NewtonPlan& plan,
                           const std::vector<at::Tensor>& params, const SolverConfig& config,
                           bool gate_relative, const at::Tensor& factors) {
   check_plan(plan, u0);
-  if (plan.strategy == NewtonStrategy::rows)
+  const bool chord = plan.keeps_factors() && (config.chord || factors.defined());
+  // The row pass's chord takes no line search; the tensor path's does.
+  if (plan.strategy == NewtonStrategy::rows && !(chord && config.ls_max_iters > 2))
     return newton_solve_rows(graphs, std::move(u0), givens, params, config, gate_relative, factors);
-  if (plan.keeps_factors() && (config.chord || factors.defined()))
+  if (chord)
     return newton_solve_tensor_chord(graphs, plan, u0, givens, params, config, gate_relative,
                                      factors);
   return newton_solve_tensors(graphs, plan, std::move(u0), givens, params, config, gate_relative);

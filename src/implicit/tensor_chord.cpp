@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <numeric>
+#include <optional>
 
 #include <ATen/ATen.h>
 
@@ -66,6 +67,48 @@ at::Tensor dense_a(const NewtonGraphs& graphs, const std::vector<at::Tensor>& re
   }
   return at::cat(block_rows, 1).contiguous();
 }
+
+// Where each value of one row of A's blocks goes in that row's n x n A (Newton's layout,
+// row-major): found once, by dense_a on blocks that number their values.
+class BlockScatter {
+public:
+  BlockScatter(const NewtonGraphs& graphs, const std::vector<at::Tensor>& results, std::int64_t n) {
+    std::vector<at::Tensor> numbered(results.size());
+    for (std::size_t b = 0; b < graphs.a_blocks; ++b) {
+      for (std::size_t k = 0; k < results.size(); ++k) {
+        auto sizes = results[k].sizes().vec();
+        sizes[0] = 1;
+        const auto values = c10::multiply_integers(sizes);
+        numbered[k] = k == b ? at::arange(1, values + 1, at::kDouble).reshape(sizes)
+                             : at::zeros(sizes, at::kDouble);
+      }
+      const auto a = dense_a(graphs, numbered, 1);
+      const double* at = a.data_ptr<double>();
+      std::vector<std::int64_t> positions(static_cast<std::size_t>(numbered[b].numel()), -1);
+      for (std::int64_t p = 0; p < n * n; ++p)
+        if (at[p] != 0)
+          positions[static_cast<std::size_t>(at[p]) - 1] = p;
+      _positions.push_back(std::move(positions));
+    }
+  }
+
+  // Row j's A into `a` (n x n) from the blocks (`(rows or 1, ...)`, contiguous).
+  void fill(const std::vector<at::Tensor>& blocks, std::int64_t j, double* a,
+            std::int64_t n) const {
+    std::fill(a, a + n * n, 0.0);
+    for (std::size_t b = 0; b < _positions.size(); ++b) {
+      const auto& positions = _positions[b];
+      const auto values = static_cast<std::int64_t>(positions.size());
+      const double* from = blocks[b].data_ptr<double>() + (blocks[b].size(0) == 1 ? 0 : j * values);
+      for (std::int64_t k = 0; k < values; ++k)
+        if (const auto p = positions[static_cast<std::size_t>(k)]; p >= 0)
+          a[p] = from[k];
+    }
+  }
+
+private:
+  std::vector<std::vector<std::int64_t>> _positions;
+};
 
 // One solve's rows: unknowns `(B, n)`, and per row its state between graph calls.
 class TensorChord {
@@ -211,7 +254,11 @@ private:
       return {};
     const auto results = call(_graphs.jacobian, rows);
     const auto m = static_cast<std::int64_t>(rows.size());
-    const auto a = dense_a(_graphs, results, m);
+    if (!_scatter)
+      _scatter.emplace(_graphs, results, _n);
+    std::vector<at::Tensor> blocks;
+    for (std::size_t k = 0; k < _graphs.a_blocks; ++k)
+      blocks.push_back(results[k].contiguous());
     const auto b =
         flatten_groups(
             std::vector<at::Tensor>(results.begin() + static_cast<std::ptrdiff_t>(_graphs.a_blocks),
@@ -223,8 +270,7 @@ private:
     for (std::int64_t j = 0; j < m; ++j) {
       const auto row = rows[static_cast<std::size_t>(j)];
       double* factor = slot(row);
-      std::copy(a.data_ptr<double>() + j * n * n, a.data_ptr<double>() + (j + 1) * n * n,
-                factor + 1);
+      _scatter->fill(blocks, j, factor + 1, n);
       const bool regular = n > row_pass_max_unknowns
                                ? lapack_lu_factor(factor + 1, n, pivot.data(), scratch)
                                : lu_factor(factor + 1, n, pivot.data());
@@ -293,6 +339,7 @@ private:
   const bool _gate, _search;
   const std::int64_t _n, _rows;
   at::Tensor _slots, _u;
+  std::optional<BlockScatter> _scatter; // made at the first A
   std::vector<at::Tensor> _givens, _like;
   std::vector<double> _r0, _step_norm, _du;
   std::vector<std::uint8_t> _chorded, _gate_ok;
