@@ -202,15 +202,17 @@ struct SolverConfig {
   /// compacted, so `compact_below` does not apply). False runs those steps as tensor
   /// operations, as on accelerators. The two agree to 1e-12 (tests/test_row_pass.cpp).
   bool row_pass = true;
-  /// Ours, off by default (then Newton is NEML2's, bit for bit): the chord on the row pass.
-  /// Each point keeps the LU of the last Newton matrix it took and steps from it, calling
-  /// the residual graph alone, while its ||r|| falls by at least `chord_rate` a step (and
-  /// would reach its tolerance within miters); where it does not, that point takes A again
-  /// (the jacobian graph on such points alone). Results
-  /// meet the same convergence test, so they agree with Newton's within its tolerance;
-  /// derivatives are the implicit function theorem's at the solution, as without. Kept
-  /// within one call; NewtonFactors (a MaterialState's StepOptions::chord) keeps them from
-  /// call to call. Not with a line search (`ls_max_iters > 2`) nor off the row pass.
+  /// Ours, off by default (then Newton is NEML2's, bit for bit): the chord, wherever Newton's
+  /// steps are direct on the CPU in double (dense or block groups, any size, with or without a
+  /// line search; not Krylov steps, accelerators or float). Each point keeps the LU of the last
+  /// Newton matrix it took and steps from it, calling the residual graph alone, while its
+  /// ||r|| falls by at least `chord_rate` a step (and would reach its tolerance within
+  /// miters); where it does not, that point takes A again (the jacobian graph on such points
+  /// alone). With a line search, a step from an older factor must pass its sufficient
+  /// decrease at alpha = 1. Results meet the same convergence test, so they agree with
+  /// Newton's within its tolerance; derivatives are the implicit function theorem's at the
+  /// solution, as without. Kept within one call; NewtonFactors (a MaterialState's
+  /// StepOptions::chord) keeps them from call to call.
   bool chord = false;
   double chord_rate = 0.1; ///< in (0, 1)
 };

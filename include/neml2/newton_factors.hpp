@@ -27,8 +27,9 @@ struct NewtonFactorsAccess; // the engine's way in (src/implicit/newton_factors.
 /// for (int step = 0; step < steps; ++step)
 ///   state = model.forward(inputs_of(step, state), factors);
 /// @endcode
-/// Memory: 8 (1 + n + n^2) bytes a point for n unknowns (Chaboche's 19: 3 KB). Applies
-/// where Newton runs on the CPU's row pass (double, up to 64 unknowns, no line search).
+/// Memory: 8 (1 + n + n^2) bytes a point for n unknowns (Chaboche's 19: 3 KB; NEML2's
+/// multi-grain model, 92: 68 KB). Applies wherever Newton's steps are direct on the CPU in
+/// double (SolverConfig::chord): block groups, large systems and line searches included.
 /// Thread safety: one call at a time. A copy shares the slots held when it was made.
 class NewtonFactors {
 public:

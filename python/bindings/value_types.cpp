@@ -117,8 +117,9 @@ void bind_solver_config(py::module_& m) {
                      "on the CPU, Newton's steps as one pass over the rows (True) or as "
                      "tensor operations (False)")
       .def_readwrite("chord", &SolverConfig::chord,
-                     "chord Newton on the row pass: each point steps from its last factored "
-                     "Newton matrix while its residual falls by chord_rate a step")
+                     "chord Newton where steps are direct on the CPU in double: each point "
+                     "steps from its last factored Newton matrix while its residual falls by "
+                     "chord_rate a step")
       .def_readwrite("chord_rate", &SolverConfig::chord_rate)
       .def("__repr__", [](const SolverConfig& c) {
         return std::string(py::str("SolverConfig(atol={}, rtol={}, miters={}, ls_type='{}', "
