@@ -485,3 +485,22 @@ TEST_CASE("the chord with NEML2's line search (on the row pass's models and on b
       CHECK(chord_a < plain_a);
     }
 }
+
+TEST_CASE("the tensor path's chord gives each point the same bits on one lane or two") {
+  // The same chunks (7 rows) on 1 and 2 lanes, each with its own NewtonFactors over the
+  // reference's history: block groups of 80 unknowns (LAPACK's LU) and 9 (ours).
+  for (const auto* name : {"grains_40", "grains"}) {
+    CAPTURE(name);
+    const test::Reference ref(name);
+    const auto stub = test::stub(name, "model");
+    const auto one = load_model(stub, "model", SyncChunking{.batch_size = 7, .cpu_lanes = 1});
+    const auto two = load_model(stub, "model", SyncChunking{.batch_size = 7, .cpu_lanes = 2});
+    NewtonFactors f1, f2;
+    for (int s = 0; s < 5; ++s) {
+      CAPTURE(s);
+      const auto in = ref.group(test::step_name(s) + "/in");
+      CHECK(test::identical(one.forward(in, f1), two.forward(in, f2)));
+    }
+    CHECK(f1.points() == f2.points());
+  }
+}
