@@ -201,3 +201,36 @@ TEST_CASE("a state destroyed while its submitted step runs waits for it") {
   releaser.join();
   model.set_observer({});
 }
+
+TEST_CASE("the host's index buffers are taken at the call: reused after step() or once submit() "
+          "returns, they move nothing") {
+  // StepOptions::points, then changed in place (point 0's index becomes 1) before accept(),
+  // or right after submit(): the step and accept() are the points named at the call.
+  const test::Reference ref("j2_radial_return");
+  const auto model = load("j2_radial_return");
+  const auto points = ref["s0/in/E"].size(0);
+  const auto in = ref.group("s1/in");
+  const auto idx = at::tensor(std::vector<std::int64_t>{0, 2});
+  const auto pick = [&](const at::Tensor& t) { return t.index_select(0, idx); };
+  const TensorMap forces{{"E", pick(in.at("E"))}};
+  const auto t = pick(in.at("t"));
+  MaterialState expected(model, points), stepped(model, points), submitted(model, points);
+  const auto& r = expected.step(forces, t, {.points = idx});
+  expected.accept();
+
+  auto buffer = idx.clone();
+  const auto& s = stepped.step(forces, t, {.points = buffer});
+  buffer[0] = 1; // the host's buffer reused before accept()
+  CHECK(test::identical(s.outputs, r.outputs));
+  stepped.accept();
+  CHECK(test::identical(stepped.start(), expected.start()));
+
+  buffer = idx.clone();
+  auto pending = submitted.submit(forces, t, {.points = buffer});
+  buffer[0] = 1;
+  buffer[1] = points + 5; // out of range now: the step must not see it
+  const auto& p = pending.wait();
+  CHECK(test::identical(p.outputs, r.outputs));
+  submitted.accept();
+  CHECK(test::identical(submitted.start(), expected.start()));
+}

@@ -378,8 +378,11 @@ const StepResult& MaterialState::run_step(TensorMap values, const StepOptions& o
   _cutting = _cutting || options.max_cuts > 0;
   // The rows the step runs: every point, or StepOptions::points with their start gathered.
   const auto rows = step_rows(options);
-  const auto subset =
-      options.points.defined() ? options.points.to(_options.device()) : at::Tensor();
+  // Copied: the host may reuse its index buffer before accept() (the state keeps them).
+  const auto subset = options.points.defined()
+                          ? options.points.to(_options.device(), options.points.scalar_type(),
+                                              /*non_blocking=*/false, /*copy=*/true)
+                          : at::Tensor();
   TensorMap start_rows, before_rows, given_rows;
   detail::OlderValues older_rows;
   if (subset.defined()) {

@@ -27,11 +27,17 @@ Submitted<const StepResult&> MaterialState::submit(const TensorMap& forces,
   refuse_while_submitted("submit");
   // Checked and copied here: the host may reuse its buffers once submit() returns.
   auto values = checked_forces(forces, options, true);
+  auto kept = options; // its index buffers too: the host's to reuse once submit() returns
+  if (kept.points.defined())
+    kept.points = kept.points.clone();
+  if (kept.into.points.defined())
+    kept.into.points = kept.into.points.clone();
   auto ended = std::make_shared<std::promise<void>>();
   _submitted = ended->get_future().share();
   _unwaited = std::make_shared<std::atomic<bool>>(true);
   return detail::submit_call<const StepResult&>(
-      [this, values = std::move(values), options, ended]() mutable -> const StepResult& {
+      [this, values = std::move(values), options = std::move(kept),
+       ended]() mutable -> const StepResult& {
         struct End {
           std::promise<void>& ended;
           ~End() { ended.set_value(); }
