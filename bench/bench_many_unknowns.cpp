@@ -176,59 +176,6 @@ void slip_systems(benchmark::State& state, bool peer) {
 // step's `number_density~1`, from empty bins. Items are point-steps.
 constexpr int kwn_steps = 100;
 
-// The bins after `kwn_steps` steps of BATCH points.
-template <class Model>
-at::Tensor kwn_bins(Model& model, std::int64_t batch) {
-  const auto opts = at::TensorOptions(at::kDouble);
-  const auto times = at::cat({at::zeros({1}, opts), at::logspace(-3, 2, 500, 10.0, opts)});
-  const auto temperature = at::linspace(300.0, 360.0, batch, opts);
-  auto bins = at::zeros({batch, 300}, opts);
-  for (int k = 1; k <= kwn_steps; ++k)
-    bins = model
-               .forward({{"T", temperature},
-                         {"number_density~1", bins},
-                         {"t", times[k].expand({batch}).clone()},
-                         {"t~1", times[k - 1].expand({batch}).clone()}})
-               .at("number_density");
-  return bins;
-}
-
-template <class Model>
-void kwn_history(benchmark::State& state, Model& model) {
-  const auto batch = state.range(0);
-  benchmark::DoNotOptimize(kwn_bins(model, batch));
-  for (auto _ : state)
-    benchmark::DoNotOptimize(kwn_bins(model, batch));
-  state.SetItemsProcessed(state.iterations() * batch * kwn_steps);
-}
-
-void kwn(benchmark::State& state, bool peer) {
-  const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_KWN");
-  if (!stub)
-    return;
-  auto peer_model = neml2::aoti::load_model(stub, "model_scaled",
-                                            std::make_shared<neml2::aoti::SimpleScheduler>(
-                                                neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
-  if (peer) {
-    kwn_history(state, peer_model);
-  } else {
-    auto model = neml2::load_model(stub, "model_scaled", neml2::SyncChunking{.device = "cpu"});
-    std::map<std::string, double> calls;
-    neml2::detail::observe_graph_calls(
-        [&](const std::string& file, std::int64_t) { calls[file] += 1.0 / kwn_steps; });
-    kwn_history(state, model);
-    neml2::detail::observe_graph_calls({});
-    for (const auto& [file, n] : calls)
-      state.counters[file] = n / static_cast<double>(state.iterations() + 1);
-    // The history's last bins against NEML2's runtime's: the largest difference, over the
-    // largest bin.
-    const auto theirs = kwn_bins(peer_model, state.range(0));
-    state.counters["relative_difference_from_peer"] =
-        ((kwn_bins(model, state.range(0)) - theirs).abs().max() / theirs.abs().max())
-            .item<double>();
-  }
-}
-
 // Whole histories: `history_steps` steps from a case's inputs (its step 1). Each output
 // with an old value is the next step's old value (and its guess, where it is an input);
 // every other input with an old value moves by its first increment each step (x_n = x~1 +
@@ -329,6 +276,68 @@ void slip_systems_history(benchmark::State& state, Runtime runtime) {
     history(state, runtime, stub, slip_system_inputs(stub, state.range(0)));
 }
 
+// The bins after `kwn_steps` steps of BATCH points; `forward(inputs)` takes a step.
+template <class Forward>
+at::Tensor kwn_bins(const Forward& forward, std::int64_t batch) {
+  const auto opts = at::TensorOptions(at::kDouble);
+  const auto times = at::cat({at::zeros({1}, opts), at::logspace(-3, 2, 500, 10.0, opts)});
+  const auto temperature = at::linspace(300.0, 360.0, batch, opts);
+  auto bins = at::zeros({batch, 300}, opts);
+  for (int k = 1; k <= kwn_steps; ++k)
+    bins = forward(Inputs{{"T", temperature},
+                          {"number_density~1", bins},
+                          {"t", times[k].expand({batch}).clone()},
+                          {"t~1", times[k - 1].expand({batch}).clone()}})
+               .at("number_density");
+  return bins;
+}
+
+template <class History>
+void kwn_history(benchmark::State& state, const History& history) {
+  const auto batch = state.range(0);
+  benchmark::DoNotOptimize(history(batch));
+  for (auto _ : state)
+    benchmark::DoNotOptimize(history(batch));
+  state.SetItemsProcessed(state.iterations() * batch * kwn_steps);
+}
+
+// `ours_chord`: one NewtonFactors over the history.
+void kwn(benchmark::State& state, Runtime runtime) {
+  const char* stub = stub_named(state, "NEML2_DISPATCH_BENCH_KWN");
+  if (!stub)
+    return;
+  auto peer_model = neml2::aoti::load_model(stub, "model_scaled",
+                                            std::make_shared<neml2::aoti::SimpleScheduler>(
+                                                neml2::aoti::SimpleScheduler::Config{"cpu", 0}));
+  const auto peer = [&](std::int64_t batch) {
+    return kwn_bins([&](const Inputs& in) { return peer_model.forward(in); }, batch);
+  };
+  if (runtime == Runtime::peer) {
+    kwn_history(state, peer);
+    return;
+  }
+  auto model = neml2::load_model(stub, "model_scaled", neml2::SyncChunking{.device = "cpu"});
+  const bool chord = runtime == Runtime::ours_chord;
+  const auto ours = [&](std::int64_t batch) {
+    neml2::NewtonFactors factors;
+    return kwn_bins(
+        [&](const Inputs& in) { return chord ? model.forward(in, factors) : model.forward(in); },
+        batch);
+  };
+  std::map<std::string, double> calls;
+  neml2::detail::observe_graph_calls(
+      [&](const std::string& file, std::int64_t) { calls[file] += 1.0 / kwn_steps; });
+  kwn_history(state, ours);
+  neml2::detail::observe_graph_calls({});
+  for (const auto& [file, n] : calls)
+    state.counters[file] = n / static_cast<double>(state.iterations() + 1);
+  // The history's last bins against NEML2's runtime's: the largest difference, over the
+  // largest bin.
+  const auto theirs = peer(state.range(0));
+  state.counters["relative_difference_from_peer"] =
+      ((ours(state.range(0)) - theirs).abs().max() / theirs.abs().max()).item<double>();
+}
+
 void batches(benchmark::internal::Benchmark* b) {
   for (std::int64_t batch : {1, 64, 1024})
     b->Arg(batch);
@@ -355,5 +364,6 @@ BENCHMARK_CAPTURE(slip_systems_history, ours, Runtime::ours)->Apply(batches)->Us
 BENCHMARK_CAPTURE(slip_systems_history, ours_chord, Runtime::ours_chord)
     ->Apply(batches)
     ->UseRealTime();
-BENCHMARK_CAPTURE(kwn, peer, true)->Arg(1)->Arg(32)->UseRealTime();
-BENCHMARK_CAPTURE(kwn, ours, false)->Arg(1)->Arg(32)->UseRealTime();
+BENCHMARK_CAPTURE(kwn, peer, Runtime::peer)->Arg(1)->Arg(32)->UseRealTime();
+BENCHMARK_CAPTURE(kwn, ours, Runtime::ours)->Arg(1)->Arg(32)->UseRealTime();
+BENCHMARK_CAPTURE(kwn, ours_chord, Runtime::ours_chord)->Arg(1)->Arg(32)->UseRealTime();
