@@ -18,8 +18,8 @@
 //   "dislocation_density~1=(2;12)" --example-batch-shape "dislocation_density=(2;12)"`; its
 //   stub in NEML2_DISPATCH_BENCH_SLIP_SYSTEMS. One step (slip_system_inputs below).
 // `<runtime>_kwn/BATCH`: NEML2's Kampmann-Wagner example (doc/content/modules/kwn/ in its
-//   repository; 300 size bins, one dense system per point), its stub in
-//   NEML2_DISPATCH_BENCH_KWN (`neml2-compile KWN.i --model model_scaled
+//   repository: al_cu_ttp.i, 300 size bins, one dense system per point), its stub in
+//   NEML2_DISPATCH_BENCH_KWN (`neml2-compile al_cu_ttp.i --model model_scaled
 //   --example-batch-shape "number_density~1=(2;300)"`): a history (kwn_history below).
 //
 // runtime: `peer` (NEML2's runtime, SimpleScheduler) or `ours` (SyncChunking, defaults).
