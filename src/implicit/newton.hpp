@@ -29,9 +29,10 @@ namespace neml2::detail {
 /// With `gate_relative` (NEML2's rule while substepping is on), the relative criterion
 /// also needs the last update to be small: ||du|| < substep_del_tol (||u|| + atol).
 ///
-/// On the row pass (NewtonStrategy::rows: everything between two graph calls is one pass
-/// over the rows, newton_rows.hpp), with `config.chord` or `factors` (each row's factor
-/// kept from call to call), the chord; where the plan keeps no factors both are ignored.
+/// With `config.chord` or `factors` (each row's factor kept from call to call), the chord
+/// where the plan keeps factors (NewtonPlan::keeps_factors): the row pass's
+/// (newton_rows.hpp), or the tensor path's (newton_solve_tensor_chord: block groups, more
+/// than 64 unknowns, or a line search); where it keeps none both are ignored.
 [[nodiscard]] NewtonResult newton_solve(const NewtonGraphs& graphs, const NewtonPlan& plan,
                                         std::vector<at::Tensor> u0,
                                         const std::vector<at::Tensor>& givens,
