@@ -124,6 +124,40 @@ double relative_difference(const TensorMap& a, const TensorMap& b) {
   return worst;
 }
 
+// Newton and the chord (one NewtonFactors over the history) side by side for `count` steps
+// of `history`: each step's failure masks identical and results within history_rtol; the
+// jacobian rows each took, the last results and the largest difference.
+struct SideBySide {
+  TensorMap plain, chord;
+  std::int64_t plain_a = 0, chord_a = 0;
+  double worst = 0;
+};
+template <class Model>
+SideBySide side_by_side(const Model& model, const History& history, int count,
+                        NewtonFactors& factors) {
+  SideBySide r;
+  for (int n = 1; n <= count; ++n) {
+    CAPTURE(n);
+    const auto plain_in = history.inputs(n, r.plain), chord_in = history.inputs(n, r.chord);
+    Step p, c;
+    r.plain_a += graph_rows([&] {
+      p = evaluate([&](const TensorMap& in) { return model.forward(in); }, plain_in);
+    })["jacobian"];
+    r.chord_a += graph_rows([&] {
+      c = evaluate([&](const TensorMap& in) { return model.forward(in, factors); }, chord_in);
+    })["jacobian"];
+    REQUIRE(p.converged.defined() == c.converged.defined());
+    if (p.converged.defined())
+      CHECK(test::identical(p.converged, c.converged));
+    r.plain = std::move(p.outputs);
+    r.chord = std::move(c.outputs);
+    const auto difference = relative_difference(r.chord, r.plain);
+    CHECK(difference <= history_rtol);
+    r.worst = std::max(r.worst, difference);
+  }
+  return r;
+}
+
 } // namespace
 
 TEST_CASE("the chord over a 40-step history, on every implicit model: Newton's results within "
@@ -135,27 +169,8 @@ TEST_CASE("the chord over a 40-step history, on every implicit model: Newton's r
     const auto model = load_model(test::stub(name, "model"), "model");
     const History history(model, test::Reference(name).group(std::string(group) + "/in"));
     NewtonFactors factors;
-    TensorMap plain, chord;
-    std::int64_t plain_a = 0, chord_a = 0;
-    for (int n = 1; n <= steps; ++n) {
-      CAPTURE(n);
-      const auto plain_in = history.inputs(n, plain), chord_in = history.inputs(n, chord);
-      Step p, c;
-      plain_a += graph_rows([&] {
-        p = evaluate([&](const TensorMap& in) { return model.forward(in); }, plain_in);
-      })["jacobian"];
-      chord_a += graph_rows([&] {
-        c = evaluate([&](const TensorMap& in) { return model.forward(in, factors); }, chord_in);
-      })["jacobian"];
-      REQUIRE(p.converged.defined() == c.converged.defined());
-      if (p.converged.defined())
-        CHECK(test::identical(p.converged, c.converged));
-      plain = std::move(p.outputs);
-      chord = std::move(c.outputs);
-      const auto difference = relative_difference(chord, plain);
-      CHECK(difference <= history_rtol);
-      worst = std::max(worst, difference);
-    }
+    const auto r = side_by_side(model, history, steps, factors);
+    worst = std::max(worst, r.worst);
     // Where Newton's steps are direct (the row pass; block groups, 300 bins: the tensor
     // path), each point keeps its factor; with Krylov steps the chord does not apply and
     // nothing changes.
@@ -163,9 +178,9 @@ TEST_CASE("the chord over a 40-step history, on every implicit model: Newton's r
     const bool applies = factors.points() > 0;
     CHECK(applies == (name != "perzyna_gmres"));
     if (applies && name != "j2_radial_return") // J2's one update a step: A where it starts
-      CHECK(chord_a < plain_a);
+      CHECK(r.chord_a < r.plain_a);
     if (!applies)
-      CHECK(test::identical(chord, plain));
+      CHECK(test::identical(r.chord, r.plain));
     CHECK(s.solver_config().chord == false);
   }
   MESSAGE("largest relative difference from Newton over the histories: " << worst);
@@ -462,27 +477,9 @@ TEST_CASE("the chord with NEML2's line search (on the row pass's models and on b
       model.set_solver_config(config);
       const History history(model, test::Reference(name).group(std::string(group) + "/in"));
       NewtonFactors factors;
-      TensorMap plain, chord;
-      std::int64_t plain_a = 0, chord_a = 0;
-      for (int n = 1; n <= 10; ++n) {
-        CAPTURE(n);
-        Step p, c;
-        const auto plain_in = history.inputs(n, plain), chord_in = history.inputs(n, chord);
-        plain_a += graph_rows([&] {
-          p = evaluate([&](const TensorMap& in) { return model.forward(in); }, plain_in);
-        })["jacobian"];
-        chord_a += graph_rows([&] {
-          c = evaluate([&](const TensorMap& in) { return model.forward(in, factors); }, chord_in);
-        })["jacobian"];
-        REQUIRE(p.converged.defined() == c.converged.defined());
-        if (p.converged.defined())
-          CHECK(test::identical(p.converged, c.converged));
-        plain = std::move(p.outputs);
-        chord = std::move(c.outputs);
-        CHECK(relative_difference(chord, plain) <= history_rtol);
-      }
+      const auto r = side_by_side(model, history, 10, factors);
       CHECK(factors.points() > 0);
-      CHECK(chord_a < plain_a);
+      CHECK(r.chord_a < r.plain_a);
     }
 }
 
