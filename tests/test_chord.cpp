@@ -10,6 +10,7 @@
 #include <c10/util/ScopeExit.h>
 
 #include "graph/graph_calls.hpp"
+#include "implicit/newton_factors.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
 
@@ -500,4 +501,28 @@ TEST_CASE("the tensor path's chord gives each point the same bits on one lane or
     }
     CHECK(f1.points() == f2.points());
   }
+}
+
+TEST_CASE("the tensor path's chord takes back a step from a factor that does not lower ||r||, "
+          "and takes A where it started") {
+  // Every point's slot holds a factor of 1e-8 I: its step is 1e8 b, far off. Taken back, A
+  // is taken at the start and the step ends where Newton's does.
+  const test::Reference ref("grains");
+  const auto model = load_model(test::stub("grains", "model"), "model");
+  const auto in = ref.group("s1/in");
+  NewtonFactors factors;
+  (void)model.forward(ref.group("s0/in"), factors); // slots of the right size
+  auto& slots = neml2::detail::NewtonFactorsAccess::held(factors);
+  const std::int64_t n = 9;
+  slots.zero_();
+  slots.select(1, 0).fill_(1.0);
+  for (std::int64_t k = 0; k < n; ++k) {
+    slots.select(1, 1 + k * n + k).fill_(1e-8);
+    slots.select(1, 1 + n * n + k).fill_(static_cast<double>(k));
+  }
+  TensorMap chord;
+  const auto rows = graph_rows([&] { chord = model.forward(in, factors); });
+  test::check_close(chord, model.forward(in), "after a bad factor", history_rtol);
+  // Each point takes A once, where it started (without the take-back: 133 rows for 20).
+  CHECK(rows.at("jacobian") == in.at("t").size(0));
 }
