@@ -4,7 +4,9 @@
 // Newton holds every group as `(B, width)`, its variables one after another, each over its
 // sub-batch axes then its base shape; the graphs take a block group as
 // `(B, *sub_batch, per_entry)`, its variables side by side within each sub-batch entry
-// (NEML2's per-grain blocks). The graphs are wrapped to convert at each call. Private.
+// (NEML2's per-grain blocks). The graphs are wrapped to convert at each call; a solve by
+// the solve graph runs in the graphs' layout instead, converted once at either end
+// (InGraphLayout). Private.
 
 #include <cstdint>
 #include <optional>
@@ -25,10 +27,19 @@ struct GroupLayout {
   std::vector<std::int64_t> widths; ///< a block group's variables' widths per entry; empty: dense
 
   [[nodiscard]] bool block() const noexcept { return !widths.empty(); }
+  [[nodiscard]] bool operator==(const GroupLayout&) const = default;
   /// The group's shape in the graphs, -1 for the batch axis.
   [[nodiscard]] Shape graph_shape(std::int64_t width) const;
   /// Values per sub-batch entry (a dense group: `width`, all of them).
   [[nodiscard]] std::int64_t entry_width(std::int64_t width) const;
+};
+
+/// A segment's Newton graphs as compiled, taking and giving block groups in their own
+/// layout, and the layouts of the unknown and given groups (the residual groups are laid
+/// out as the unknown groups, pairwise: Newton's per-row products pair them).
+struct InGraphLayout {
+  NewtonGraphs graphs;
+  std::vector<GroupLayout> unknowns, givens;
 };
 
 /// Each group's layout. A block group's variables must all have the group's sub-batch

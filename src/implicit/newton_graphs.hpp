@@ -14,6 +14,8 @@
 
 namespace neml2::detail {
 
+struct InGraphLayout;
+
 /// A compiled graph: flat tensor list in, flat tensor list out.
 using GraphFn = std::function<std::vector<at::Tensor>(const std::vector<at::Tensor>&)>;
 
@@ -38,6 +40,9 @@ struct NewtonGraphs {
   GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`
   /// The row pass's choice of graph per check, learned across solves (none: the default).
   std::shared_ptr<NewtonSchedule> schedule;
+  /// Block-structured groups: these graphs without the conversion to Newton's layout at
+  /// each call, for a solve by the solve graph (block_groups.hpp); none otherwise.
+  std::shared_ptr<const InGraphLayout> in_graph_layout;
 };
 
 /// Up to this many rows, Newton starts from the jacobian graph (one call instead of two

@@ -322,15 +322,25 @@ SegmentChain::implicit_arguments(const ImplicitSegment& s, const std::vector<std
 
 void SegmentChain::load_implicit_graphs(const ImplicitSegment& s, const ImplicitArguments& a,
                                         ImplicitStep& step, const Loading& loading) {
-  step.newton.residual = in_newton_layout(
-      loading.load(s.residual_package, "residual_package", a.state, a.r.size()), 0, a.lug, 0, a.lr);
-  step.newton.jacobian = in_newton_layout(
-      loading.load(s.jacobian_package, "jacobian_package", a.state, a.a_blocks + a.r.size()), 0,
-      a.lug, a.a_blocks, a.lr);
-  step.newton.solve =
-      in_newton_layout(loading.load(s.solve_package, "solve_package", a.a_and_b, a.u.size()),
-                       a.a_blocks, a.lr, 0, a.lu);
+  const auto residual = loading.load(s.residual_package, "residual_package", a.state, a.r.size());
+  const auto jacobian =
+      loading.load(s.jacobian_package, "jacobian_package", a.state, a.a_blocks + a.r.size());
+  const auto solve = loading.load(s.solve_package, "solve_package", a.a_and_b, a.u.size());
+  step.newton.residual = in_newton_layout(residual, 0, a.lug, 0, a.lr);
+  step.newton.jacobian = in_newton_layout(jacobian, 0, a.lug, a.a_blocks, a.lr);
+  step.newton.solve = in_newton_layout(solve, a.a_blocks, a.lr, 0, a.lu);
   step.newton.a_blocks = step.a_blocks = a.a_blocks;
+  if (a.block && solve && a.lr == a.lu && a.r == a.u) {
+    auto in_graph = std::make_shared<InGraphLayout>();
+    in_graph->graphs.residual = residual;
+    in_graph->graphs.jacobian = jacobian;
+    in_graph->graphs.solve = solve;
+    in_graph->graphs.a_blocks = a.a_blocks;
+    in_graph->graphs.dense_blocks = false;
+    in_graph->unknowns = a.lu;
+    in_graph->givens = a.lg;
+    step.newton.in_graph_layout = std::move(in_graph);
+  }
   step.newton.dense_blocks = !a.block;
   if (a.block) // the chord factors A itself (tensor_chord.cpp)
     step.newton.dense_a = [lr = a.lr, r = a.r, lu = a.lu,

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 
+#include "implicit/block_groups.hpp"
 #include "implicit/host_reads.hpp"
 #include "implicit/lapack_rows.hpp"
 #include "implicit/row_failures.hpp"
@@ -46,6 +47,14 @@ at::Tensor row_norm(const std::vector<at::Tensor>& b, std::size_t first) {
     squares = squares.defined() ? squares + s : s;
   }
   return squares.sqrt();
+}
+
+// `(rows,)` as `(rows, 1, ...)`: row by row against `like` (a block group in the graphs'
+// layout has sub-batch axes).
+at::Tensor per_row(const at::Tensor& v, const at::Tensor& like) {
+  c10::DimVector sizes(static_cast<std::size_t>(like.dim()), 1);
+  sizes[0] = v.size(0);
+  return v.view(sizes);
 }
 
 void select_rows(std::vector<at::Tensor>& tensors, const at::Tensor& keep) {
@@ -151,7 +160,7 @@ at::Tensor line_search(const NewtonGraphs& graphs, const WorkingSet& w,
   for (std::int64_t i = 1; i < config.ls_max_iters; ++i) {
     std::vector<at::Tensor> trial;
     for (std::size_t k = 0; k < w.u.size(); ++k)
-      trial.push_back(w.u[k] + alpha.unsqueeze(1) * du[k].reshape(w.u[k].sizes()));
+      trial.push_back(w.u[k] + per_row(alpha, w.u[k]) * du[k].reshape(w.u[k].sizes()));
     const auto nb = row_norm(graphs.residual(graph_args(trial, w.givens, params)), 0).square();
     const auto crit =
         strong_wolfe ? (1 - config.ls_c * alpha) * nb0 : nb0 - 2 * config.ls_c * alpha * slope;
@@ -167,6 +176,22 @@ NewtonResult newton_solve_tensors(const NewtonGraphs& graphs, const NewtonPlan& 
                                   std::vector<at::Tensor> u0, const std::vector<at::Tensor>& givens,
                                   const std::vector<at::Tensor>& params, const SolverConfig& config,
                                   bool gate_relative) {
+  // Block groups by the solve graph: the graphs' layout throughout, converted here alone.
+  if (plan.strategy == NewtonStrategy::solve_graph && graphs.in_graph_layout) {
+    const auto& layout = *graphs.in_graph_layout;
+    const auto converted = [](const std::vector<at::Tensor>& groups,
+                              const std::vector<GroupLayout>& layouts, auto convert) {
+      std::vector<at::Tensor> out;
+      for (std::size_t k = 0; k < groups.size(); ++k)
+        out.push_back(convert(groups[k], layouts[k]));
+      return out;
+    };
+    auto result = newton_solve_tensors(layout.graphs, plan, converted(u0, layout.unknowns, to_graph),
+                                       converted(givens, layout.givens, to_graph), params, config,
+                                       gate_relative);
+    result.u = converted(result.u, layout.unknowns, from_graph);
+    return result;
+  }
   WorkingSet w;
   w.u = u0; // the guesses kept: row_failures reads them when a row fails
   w.givens = givens;
@@ -203,10 +228,9 @@ NewtonResult newton_solve_tensors(const NewtonGraphs& graphs, const NewtonPlan& 
     }
     // Every row of the working set iterating (the common case at small batches): no masks.
     const bool all_active = w.n_active == w.rows();
-    const auto moving = w.active.unsqueeze(1);
     for (std::size_t k = 0; k < w.u.size(); ++k) {
       const auto next = w.u[k] + du[k].reshape(w.u[k].sizes());
-      w.u[k] = all_active ? next : at::where(moving, next, w.u[k]);
+      w.u[k] = all_active ? next : at::where(per_row(w.active, w.u[k]), next, w.u[k]);
     }
     // The jacobian graph also returns b = -r at the new iterate: one call checks
     // convergence and prepares the next step.
