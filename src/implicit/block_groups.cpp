@@ -78,7 +78,7 @@ at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout) {
   if (!layout.block())
     return group;
   const auto rows = group.size(0), entries = numel(layout.sub_batch);
-  const auto per_entry = group.reshape({rows, entries, -1});
+  const auto per_entry = group.reshape({rows, entries, group.size(-1)});
   std::vector<at::Tensor> parts;
   std::int64_t offset = 0;
   for (auto w : layout.widths) {
@@ -117,7 +117,7 @@ at::Tensor dense_jacobian(const std::vector<at::Tensor>& blocks,
                           const std::vector<GroupLayout>& rows,
                           const std::vector<std::int64_t>& row_widths,
                           const std::vector<GroupLayout>& columns,
-                          const std::vector<std::int64_t>& column_widths) {
+                          const std::vector<std::int64_t>& column_widths, GroupOrder order) {
   std::int64_t batch = 1, n_r = 0, n_u = 0;
   for (const auto& b : blocks)
     batch = std::max<std::int64_t>(batch, b.size(0));
@@ -154,7 +154,8 @@ at::Tensor dense_jacobian(const std::vector<at::Tensor>& blocks,
       auto target = a.narrow(1, row_at, r).narrow(2, column_at, c);
       const auto row_positions = newton_positions(lr, r);
       const auto column_positions = newton_positions(lc, c);
-      if (row_positions || column_positions) { // graph order -> Newton's, by index_put
+      if (order == GroupOrder::newton && (row_positions || column_positions)) {
+        // graph order -> Newton's, by index_put
         const auto all_rows = at::arange(r, at::kLong), all_columns = at::arange(c, at::kLong);
         const auto ri = (row_positions ? *row_positions : all_rows).view({r, 1});
         const auto ci = (column_positions ? *column_positions : all_columns).view({1, c});

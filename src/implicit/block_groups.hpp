@@ -57,19 +57,44 @@ struct InGraphLayout {
                                                         const GroupLayout& column,
                                                         std::int64_t column_width);
 
-/// A as one `(B, n_r, n_u)` matrix per row in Newton's layout (each group's values as
-/// `(B, width)` holds them), from the jacobian graph's blocks (residual groups outer,
-/// unknown groups inner, each `(B or 1, ...)` as jacobian_block_shape says); `rows` and
-/// `columns`: the residual and unknown groups' layouts and Newton widths.
+/// The order of a group's values: Newton's (`(B, width)`, the variables one after another)
+/// or the graphs' (entry by entry, flattened).
+enum class GroupOrder { newton, graph };
+
+/// A as one `(B, n_r, n_u)` matrix per row, its rows and columns in `order`, from the
+/// jacobian graph's blocks (residual groups outer, unknown groups inner, each `(B or 1,
+/// ...)` as jacobian_block_shape says); `rows` and `columns`: the residual and unknown
+/// groups' layouts and Newton widths.
 [[nodiscard]] at::Tensor dense_jacobian(const std::vector<at::Tensor>& blocks,
                                         const std::vector<GroupLayout>& rows,
                                         const std::vector<std::int64_t>& row_widths,
                                         const std::vector<GroupLayout>& columns,
-                                        const std::vector<std::int64_t>& column_widths);
+                                        const std::vector<std::int64_t>& column_widths,
+                                        GroupOrder order = GroupOrder::newton);
 
 /// `(B, width)` -> the graph's layout, and back.
 [[nodiscard]] at::Tensor to_graph(const at::Tensor& group, const GroupLayout& layout);
 [[nodiscard]] at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout);
+
+/// A solve in the graphs' layout: `solve(layout.graphs, u0, givens)` on the groups
+/// converted to it, its solution converted back.
+template <class Solve>
+[[nodiscard]] NewtonResult solve_in_graph_layout(const InGraphLayout& layout,
+                                                 const std::vector<at::Tensor>& u0,
+                                                 const std::vector<at::Tensor>& givens,
+                                                 const Solve& solve) {
+  const auto converted = [](const std::vector<at::Tensor>& groups,
+                            const std::vector<GroupLayout>& layouts, auto convert) {
+    std::vector<at::Tensor> out;
+    for (std::size_t k = 0; k < groups.size(); ++k)
+      out.push_back(convert(groups[k], layouts[k]));
+    return out;
+  };
+  auto result = solve(layout.graphs, converted(u0, layout.unknowns, to_graph),
+                      converted(givens, layout.givens, to_graph));
+  result.u = converted(result.u, layout.unknowns, from_graph);
+  return result;
+}
 
 /// `graph` with the arguments from `first_argument` on and the results from `first_result`
 /// on converted (those `layouts` name; the rest pass as they are: A's blocks, parameters).

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include <ATen/Tensor.h>
@@ -40,6 +41,14 @@ struct NewtonGraphs {
   GraphFn precond_apply; ///< (state, r `(B, n)`) -> M^-1 r `(B, n)`
   /// The row pass's choice of graph per check, learned across solves (none: the default).
   std::shared_ptr<NewtonSchedule> schedule;
+  /// Where each value of one row of A's blocks goes in that row's n x n A, row-major (-1:
+  /// nowhere), per block: found by the chord off the row pass at its first A
+  /// (tensor_chord.cpp), then kept for every solve of the segment.
+  struct BlockPositions {
+    std::once_flag found;
+    std::vector<std::vector<std::int64_t>> of_block;
+  };
+  std::shared_ptr<BlockPositions> block_positions = std::make_shared<BlockPositions>();
   /// Block-structured groups: these graphs without the conversion to Newton's layout at
   /// each call, for a solve by the solve graph (block_groups.hpp); none otherwise.
   std::shared_ptr<const InGraphLayout> in_graph_layout;

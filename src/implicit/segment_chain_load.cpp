@@ -330,6 +330,11 @@ void SegmentChain::load_implicit_graphs(const ImplicitSegment& s, const Implicit
   step.newton.jacobian = in_newton_layout(jacobian, 0, a.lug, a.a_blocks, a.lr);
   step.newton.solve = in_newton_layout(solve, a.a_blocks, a.lr, 0, a.lu);
   step.newton.a_blocks = step.a_blocks = a.a_blocks;
+  const auto dense_a = [&a](GroupOrder order) -> GraphFn {
+    return [lr = a.lr, r = a.r, lu = a.lu, u = a.u, order](const std::vector<at::Tensor>& blocks) {
+      return std::vector<at::Tensor>{dense_jacobian(blocks, lr, r, lu, u, order)};
+    };
+  };
   if (a.block && solve && a.lr == a.lu && a.r == a.u) {
     auto in_graph = std::make_shared<InGraphLayout>();
     in_graph->graphs.residual = residual;
@@ -337,16 +342,14 @@ void SegmentChain::load_implicit_graphs(const ImplicitSegment& s, const Implicit
     in_graph->graphs.solve = solve;
     in_graph->graphs.a_blocks = a.a_blocks;
     in_graph->graphs.dense_blocks = false;
+    in_graph->graphs.dense_a = dense_a(GroupOrder::graph);
     in_graph->unknowns = a.lu;
     in_graph->givens = a.lg;
     step.newton.in_graph_layout = std::move(in_graph);
   }
   step.newton.dense_blocks = !a.block;
   if (a.block) // the chord factors A itself (tensor_chord.cpp)
-    step.newton.dense_a = [lr = a.lr, r = a.r, lu = a.lu,
-                           u = a.u](const std::vector<at::Tensor>& blocks) {
-      return std::vector<at::Tensor>{dense_jacobian(blocks, lr, r, lu, u)};
-    };
+    step.newton.dense_a = dense_a(GroupOrder::newton);
   step.newton.schedule = std::make_shared<NewtonSchedule>();
   if (!s.matvec_package.empty()) { // a Krylov step: A only through A v
     auto with_v = a.state;

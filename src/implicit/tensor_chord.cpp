@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "implicit/block_groups.hpp"
 #include "implicit/host_reads.hpp"
 #include "implicit/lapack_rows.hpp"
 #include "implicit/newton_plan.hpp"
@@ -26,25 +27,75 @@ double norm_of(const double* x, std::int64_t n) {
   return std::sqrt(s);
 }
 
-// `flat` `(rows, n)` as groups shaped like `like`'s (`(B, ...)` each), `rows` rows.
-std::vector<at::Tensor> as_groups(const at::Tensor& flat, const std::vector<at::Tensor>& like) {
-  auto groups = split_groups(flat, like);
-  for (std::size_t k = 0; k < groups.size(); ++k) {
-    auto shape = like[k].sizes().vec();
-    shape[0] = flat.size(0);
-    groups[k] = groups[k].view(shape);
+// The rows of a solve a call takes: `rows` of the batch, or all `count` in order (none).
+struct RowsTaken {
+  const std::vector<std::int64_t>* rows;
+  std::int64_t count;
+
+  [[nodiscard]] bool all() const { return rows == nullptr; }
+  [[nodiscard]] std::int64_t size() const { return count; }
+  [[nodiscard]] std::int64_t operator[](std::int64_t j) const {
+    return rows ? (*rows)[static_cast<std::size_t>(j)] : j;
+  }
+};
+
+// Each group of `flat` (`(B, n)`, contiguous double, the groups side by side) at `rows`,
+// shaped like `like`'s (`(B, ...)` each) and contiguous: copied row by row, the one ATen
+// call an allocation (narrow, contiguous and index_select were most of a chord call).
+std::vector<at::Tensor> groups_at(const at::Tensor& flat, const RowsTaken& rows,
+                                  const std::vector<at::Tensor>& like) {
+  std::vector<at::Tensor> groups;
+  const auto n = flat.size(1);
+  const double* from = flat.const_data_ptr<double>();
+  std::int64_t offset = 0;
+  for (const auto& l : like) {
+    auto shape = l.sizes().vec();
+    shape[0] = rows.size();
+    auto group = at::empty(shape, flat.options());
+    const auto width = l.numel() / std::max<std::int64_t>(l.size(0), 1);
+    double* to = group.data_ptr<double>();
+    for (std::int64_t j = 0; j < rows.size(); ++j)
+      std::copy_n(from + rows[j] * n + offset, width, to + j * width);
+    groups.push_back(std::move(group));
+    offset += width;
   }
   return groups;
 }
 
-std::vector<at::Tensor> rows_of(const std::vector<at::Tensor>& tensors, const at::Tensor& index) {
-  if (!index.defined())
+// Rows `rows` of each of `tensors` (`(B, ...)`, contiguous double), copied row by row.
+std::vector<at::Tensor> rows_of(const std::vector<at::Tensor>& tensors, const RowsTaken& rows) {
+  if (rows.all())
     return tensors;
   std::vector<at::Tensor> out;
-  out.reserve(tensors.size());
-  for (const auto& t : tensors)
-    out.push_back(t.index_select(0, index));
+  for (const auto& t : tensors) {
+    auto shape = t.sizes().vec();
+    shape[0] = rows.size();
+    auto taken = at::empty(shape, t.options());
+    const auto width = t.numel() / std::max<std::int64_t>(t.size(0), 1);
+    const double* from = t.const_data_ptr<double>();
+    double* to = taken.data_ptr<double>();
+    for (std::int64_t j = 0; j < rows.size(); ++j)
+      std::copy_n(from + rows[j] * width, width, to + j * width);
+    out.push_back(std::move(taken));
+  }
   return out;
+}
+
+// `(m, n)` contiguous double from groups `(m, ...)` each, side by side (a call's b).
+at::Tensor flat_rows(const std::vector<at::Tensor>& groups, std::int64_t n) {
+  const auto m = groups.front().size(0);
+  auto flat = at::empty({m, n}, groups.front().options().dtype(at::kDouble));
+  double* to = flat.data_ptr<double>();
+  std::int64_t offset = 0;
+  for (const auto& g : groups) {
+    const auto dense = g.to(at::kDouble).contiguous();
+    const auto width = dense.numel() / std::max<std::int64_t>(m, 1);
+    const double* from = dense.const_data_ptr<double>();
+    for (std::int64_t j = 0; j < m; ++j)
+      std::copy_n(from + j * width, width, to + j * n + offset);
+    offset += width;
+  }
+  return flat;
 }
 
 // A from the jacobian graph's results, `(rows, n, n)` in Newton's layout, contiguous.
@@ -68,47 +119,45 @@ at::Tensor dense_a(const NewtonGraphs& graphs, const std::vector<at::Tensor>& re
   return at::cat(block_rows, 1).contiguous();
 }
 
-// Where each value of one row of A's blocks goes in that row's n x n A (Newton's layout,
-// row-major): found once, by dense_a on blocks that number their values.
-class BlockScatter {
-public:
-  BlockScatter(const NewtonGraphs& graphs, const std::vector<at::Tensor>& results, std::int64_t n) {
-    std::vector<at::Tensor> numbered(results.size());
-    for (std::size_t b = 0; b < graphs.a_blocks; ++b) {
-      for (std::size_t k = 0; k < results.size(); ++k) {
-        auto sizes = results[k].sizes().vec();
-        sizes[0] = 1;
-        const auto values = c10::multiply_integers(sizes);
-        numbered[k] = k == b ? at::arange(1, values + 1, at::kDouble).reshape(sizes)
-                             : at::zeros(sizes, at::kDouble);
-      }
-      const auto a = dense_a(graphs, numbered, 1);
-      const double* at = a.data_ptr<double>();
-      std::vector<std::int64_t> positions(static_cast<std::size_t>(numbered[b].numel()), -1);
-      for (std::int64_t p = 0; p < n * n; ++p)
-        if (at[p] != 0)
-          positions[static_cast<std::size_t>(at[p]) - 1] = p;
-      _positions.push_back(std::move(positions));
+// Where each value of one row of A's blocks goes in that row's n x n A, row-major
+// (NewtonGraphs::block_positions): dense_a on blocks that number their values.
+std::vector<std::vector<std::int64_t>> block_positions(const NewtonGraphs& graphs,
+                                                       const std::vector<at::Tensor>& results,
+                                                       std::int64_t n) {
+  std::vector<std::vector<std::int64_t>> of_block;
+  std::vector<at::Tensor> numbered(results.size());
+  for (std::size_t b = 0; b < graphs.a_blocks; ++b) {
+    for (std::size_t k = 0; k < results.size(); ++k) {
+      auto sizes = results[k].sizes().vec();
+      sizes[0] = 1;
+      const auto values = c10::multiply_integers(sizes);
+      numbered[k] = k == b ? at::arange(1, values + 1, at::kDouble).reshape(sizes)
+                           : at::zeros(sizes, at::kDouble);
     }
+    const auto a = dense_a(graphs, numbered, 1);
+    const double* at = a.data_ptr<double>();
+    std::vector<std::int64_t> positions(static_cast<std::size_t>(numbered[b].numel()), -1);
+    for (std::int64_t p = 0; p < n * n; ++p)
+      if (at[p] != 0)
+        positions[static_cast<std::size_t>(at[p]) - 1] = p;
+    of_block.push_back(std::move(positions));
   }
+  return of_block;
+}
 
-  // Row j's A into `a` (n x n) from the blocks (`(rows or 1, ...)`, contiguous).
-  void fill(const std::vector<at::Tensor>& blocks, std::int64_t j, double* a,
-            std::int64_t n) const {
-    std::fill(a, a + n * n, 0.0);
-    for (std::size_t b = 0; b < _positions.size(); ++b) {
-      const auto& positions = _positions[b];
-      const auto values = static_cast<std::int64_t>(positions.size());
-      const double* from = blocks[b].data_ptr<double>() + (blocks[b].size(0) == 1 ? 0 : j * values);
-      for (std::int64_t k = 0; k < values; ++k)
-        if (const auto p = positions[static_cast<std::size_t>(k)]; p >= 0)
-          a[p] = from[k];
-    }
+// Row j's A into `a` (n x n) from the blocks (`(rows or 1, ...)`, contiguous).
+void fill_a(const std::vector<std::vector<std::int64_t>>& of_block,
+            const std::vector<at::Tensor>& blocks, std::int64_t j, double* a, std::int64_t n) {
+  std::fill(a, a + n * n, 0.0);
+  for (std::size_t b = 0; b < of_block.size(); ++b) {
+    const auto& positions = of_block[b];
+    const auto values = static_cast<std::int64_t>(positions.size());
+    const double* from = blocks[b].data_ptr<double>() + (blocks[b].size(0) == 1 ? 0 : j * values);
+    for (std::int64_t k = 0; k < values; ++k)
+      if (const auto p = positions[static_cast<std::size_t>(k)]; p >= 0)
+        a[p] = from[k];
   }
-
-private:
-  std::vector<std::vector<std::int64_t>> _positions;
-};
+}
 
 // One solve's rows: unknowns `(B, n)`, and per row its state between graph calls.
 class TensorChord {
@@ -132,7 +181,9 @@ public:
 
   NewtonResult solve(const std::vector<at::Tensor>& u0, const std::vector<at::Tensor>& givens) {
     _u = flatten_groups(u0).to(at::kDouble).clone(at::MemoryFormat::Contiguous);
-    _givens = givens;
+    _givens.clear();
+    for (const auto& g : givens)
+      _givens.push_back(g.to(at::kDouble).contiguous());
     _like = u0;
     NewtonResult result;
     result.norm = at::full({_rows}, std::nan(""), _u.options());
@@ -148,7 +199,7 @@ public:
       if (!active.empty())
         result.iterations = it + 1;
     }
-    result.u = as_groups(_u, u0);
+    result.u = groups_at(_u, {nullptr, _rows}, u0);
     const auto failed = failed_rows(result.converged, result.norm);
     result.worst_residual = failed.worst_residual;
     if (failed.any)
@@ -163,18 +214,16 @@ private:
 
   // The graph's results at rows `rows` of the batch (all, in order, when it is the batch).
   std::vector<at::Tensor> call(const GraphFn& graph, const std::vector<std::int64_t>& rows) const {
-    at::Tensor index;
-    if (static_cast<std::int64_t>(rows.size()) != _rows)
-      index = at::tensor(rows, at::kLong);
-    const auto u = index.defined() ? _u.index_select(0, index) : _u;
+    const auto m = static_cast<std::int64_t>(rows.size());
+    const RowsTaken taken{m == _rows ? nullptr : &rows, m};
     const c10::InferenceMode inference;
-    return graph(graph_args(as_groups(u, _like), rows_of(_givens, index), _params));
+    return graph(graph_args(groups_at(_u, taken, _like), rows_of(_givens, taken), _params));
   }
 
   // Check `it` of the rows in `active`: each leaves, steps from its factor, or takes A
   // (then steps from the new factor); the rows that stepped are returned.
   std::vector<std::int64_t> check(const std::vector<std::int64_t>& active, std::int64_t it) {
-    const auto b = flatten_groups(call(_graphs.residual, active)).contiguous();
+    const auto b = flat_rows(call(_graphs.residual, active), _n);
     const double* bp = b.data_ptr<double>();
     const bool last = it + 1 >= _config.miters;
     const auto n = _n;
@@ -254,23 +303,23 @@ private:
       return {};
     const auto results = call(_graphs.jacobian, rows);
     const auto m = static_cast<std::int64_t>(rows.size());
-    if (!_scatter)
-      _scatter.emplace(_graphs, results, _n);
+    auto& positions = *_graphs.block_positions;
+    std::call_once(positions.found,
+                   [&] { positions.of_block = block_positions(_graphs, results, _n); });
     std::vector<at::Tensor> blocks;
     for (std::size_t k = 0; k < _graphs.a_blocks; ++k)
       blocks.push_back(results[k].contiguous());
-    const auto b =
-        flatten_groups(
-            std::vector<at::Tensor>(results.begin() + static_cast<std::ptrdiff_t>(_graphs.a_blocks),
-                                    results.end()))
-            .contiguous();
+    const auto b = flat_rows(
+        std::vector<at::Tensor>(results.begin() + static_cast<std::ptrdiff_t>(_graphs.a_blocks),
+                                results.end()),
+        _n);
     const auto n = _n;
     std::vector<std::int64_t> pivot(static_cast<std::size_t>(n)), stepping;
     std::vector<double> scratch;
     for (std::int64_t j = 0; j < m; ++j) {
       const auto row = rows[static_cast<std::size_t>(j)];
       double* factor = slot(row);
-      _scatter->fill(blocks, j, factor + 1, n);
+      fill_a(positions.of_block, blocks, j, factor + 1, n);
       const bool regular = n > row_pass_max_unknowns
                                ? lapack_lu_factor(factor + 1, n, pivot.data(), scratch)
                                : lu_factor(factor + 1, n, pivot.data());
@@ -305,10 +354,10 @@ private:
     for (auto j : stepping)
       batch_rows.push_back(rows[static_cast<std::size_t>(j)]);
     const auto in_results = at::tensor(stepping, at::kLong);
-    const auto in_batch = at::tensor(batch_rows, at::kLong);
     WorkingSet w;
-    w.u = as_groups(_u.index_select(0, in_batch), _like);
-    w.givens = rows_of(_givens, in_batch);
+    const RowsTaken taken{&batch_rows, static_cast<std::int64_t>(batch_rows.size())};
+    w.u = groups_at(_u, taken, _like);
+    w.givens = rows_of(_givens, taken);
     // A's blocks as they are (the search reads b alone: they may be shared, `(1, ...)`).
     w.jacobian.assign(results.begin(),
                       results.begin() + static_cast<std::ptrdiff_t>(_graphs.a_blocks));
@@ -339,7 +388,6 @@ private:
   const bool _gate, _search;
   const std::int64_t _n, _rows;
   at::Tensor _slots, _u;
-  std::optional<BlockScatter> _scatter; // made at the first A
   std::vector<at::Tensor> _givens, _like;
   std::vector<double> _r0, _step_norm, _du;
   std::vector<std::uint8_t> _chorded, _gate_ok;
@@ -356,6 +404,13 @@ NewtonResult newton_solve_tensor_chord(const NewtonGraphs& graphs, const NewtonP
                                        const std::vector<at::Tensor>& params,
                                        const SolverConfig& config, bool gate_relative,
                                        const at::Tensor& factors) {
+  // Block groups: the graphs' layout throughout (the factors too), converted here alone.
+  if (graphs.in_graph_layout)
+    return solve_in_graph_layout(*graphs.in_graph_layout, u0, givens,
+                                 [&](const NewtonGraphs& in_graph, const auto& u, const auto& g) {
+                                   return newton_solve_tensor_chord(in_graph, plan, u, g, params,
+                                                                    config, gate_relative, factors);
+                                 });
   const auto rows = u0.front().size(0);
   TensorChord chord(graphs, params, config, gate_relative, plan.unknowns, factors, rows);
   return chord.solve(u0, givens);

@@ -177,21 +177,12 @@ NewtonResult newton_solve_tensors(const NewtonGraphs& graphs, const NewtonPlan& 
                                   const std::vector<at::Tensor>& params, const SolverConfig& config,
                                   bool gate_relative) {
   // Block groups by the solve graph: the graphs' layout throughout, converted here alone.
-  if (plan.strategy == NewtonStrategy::solve_graph && graphs.in_graph_layout) {
-    const auto& layout = *graphs.in_graph_layout;
-    const auto converted = [](const std::vector<at::Tensor>& groups,
-                              const std::vector<GroupLayout>& layouts, auto convert) {
-      std::vector<at::Tensor> out;
-      for (std::size_t k = 0; k < groups.size(); ++k)
-        out.push_back(convert(groups[k], layouts[k]));
-      return out;
-    };
-    auto result = newton_solve_tensors(layout.graphs, plan, converted(u0, layout.unknowns, to_graph),
-                                       converted(givens, layout.givens, to_graph), params, config,
-                                       gate_relative);
-    result.u = converted(result.u, layout.unknowns, from_graph);
-    return result;
-  }
+  if (plan.strategy == NewtonStrategy::solve_graph && graphs.in_graph_layout)
+    return solve_in_graph_layout(*graphs.in_graph_layout, u0, givens,
+                                 [&](const NewtonGraphs& in_graph, auto u, const auto& g) {
+                                   return newton_solve_tensors(in_graph, plan, std::move(u), g,
+                                                               params, config, gate_relative);
+                                 });
   WorkingSet w;
   w.u = u0; // the guesses kept: row_failures reads them when a row fails
   w.givens = givens;
