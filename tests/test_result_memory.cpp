@@ -118,12 +118,17 @@ TEST_CASE("outputs above glibc's mmap threshold fault no pages after the first c
   const auto whole = load_model(elasticity(), "elasticity", SyncChunking{});
   const auto pool = load_model(elasticity(), "elasticity",
                                GreedyPriorityCapacity{.devices = {"cpu"}, .batch_sizes = {16384}});
-  CHECK(faults_over(chunked, 20) == 0);
-  CHECK(faults_over(whole, 20) == 0); // run in cache-sized pieces into kept memory
-  CHECK(faults_over(pool, 20) == 0);
-  // Without kept memory every call faults its 48 MiB in again (12,288 pages of 4 KiB).
+  // Without kept memory every call faults its 48 MiB in again (12,288 pages of 4 KiB). The
+  // counts are the process's: the kernel may fault a few pages for reasons of its own (a
+  // fresh machine once gave 108 over 20 calls, page migration or the like), so kept memory
+  // must fault under a quarter of one call's pages over all 20 calls, where one output
+  // mapped again anywhere in them faults a whole call's.
+  const long one_call = batch * 6 * 8 / 4096;
+  CHECK(faults_over(chunked, 20) < one_call / 4);
+  CHECK(faults_over(whole, 20) < one_call / 4); // run in cache-sized pieces into kept memory
+  CHECK(faults_over(pool, 20) < one_call / 4);
   set_result_memory_limit(0);
-  CHECK(faults_over(chunked, 2) >= 2 * batch * 6 * 8 / 4096);
+  CHECK(faults_over(chunked, 2) >= 2 * one_call);
 }
 
 TEST_CASE("a result kept across later calls keeps its values; held blocks are not reused") {
