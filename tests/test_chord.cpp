@@ -10,6 +10,7 @@
 #include <c10/util/ScopeExit.h>
 
 #include "graph/graph_calls.hpp"
+#include "implicit/block_groups.hpp"
 #include "implicit/newton_factors.hpp"
 #include "internals.hpp" // the library's private parts
 #include "model_checks.hpp"
@@ -447,8 +448,12 @@ TEST_CASE("the chord off the row pass: block groups (4 and 40 grains, 9 and 81 u
       const auto in = ref.group(test::step_name(s) + "/in");
       const auto expected = ref.group(test::step_name(s) + "/out");
       TensorMap chord, plain;
+      const auto converted = neml2::detail::block_group_conversions();
       chord_a += graph_rows([&] { chord = whole.forward(in, factors); })["jacobian"];
       plain_a += graph_rows([&] { plain = whole.forward(in); })["jacobian"];
+      // Each solve converts its block groups once (the unknowns, the givens, the solution),
+      // not at each of its graph calls.
+      CHECK(neml2::detail::block_group_conversions() - converted == (n == 300 ? 0 : 2 * 3));
       test::check_close(chord, expected, "the chord against eager NEML2", 1e-8);
       test::check_close(chord, plain, "the chord against Newton", history_rtol);
       // Chunks of 3 with their own factors: each point's factor is its own.

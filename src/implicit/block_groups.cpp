@@ -59,9 +59,18 @@ std::vector<GroupLayout> group_layouts(const std::vector<VariableGroup>& groups,
   return layouts;
 }
 
+namespace {
+thread_local std::uint64_t conversions = 0;
+} // namespace
+
+std::uint64_t block_group_conversions() noexcept {
+  return conversions;
+}
+
 at::Tensor to_graph(const at::Tensor& group, const GroupLayout& layout) {
   if (!layout.block())
     return group;
+  ++conversions;
   const auto rows = group.size(0), entries = numel(layout.sub_batch);
   std::vector<at::Tensor> parts;
   std::int64_t offset = 0;
@@ -77,6 +86,7 @@ at::Tensor to_graph(const at::Tensor& group, const GroupLayout& layout) {
 at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout) {
   if (!layout.block())
     return group;
+  ++conversions;
   const auto rows = group.size(0), entries = numel(layout.sub_batch);
   const auto per_entry = group.reshape({rows, entries, group.size(-1)});
   std::vector<at::Tensor> parts;

@@ -75,6 +75,9 @@ enum class GroupOrder { newton, graph };
 /// `(B, width)` -> the graph's layout, and back.
 [[nodiscard]] at::Tensor to_graph(const at::Tensor& group, const GroupLayout& layout);
 [[nodiscard]] at::Tensor from_graph(const at::Tensor& group, const GroupLayout& layout);
+/// How many block groups to_graph and from_graph converted on this thread (for tests: a
+/// solve converts its groups once, not at every graph call).
+[[nodiscard]] std::uint64_t block_group_conversions() noexcept;
 
 /// A solve in the graphs' layout: `solve(layout.graphs, u0, givens)` on the groups
 /// converted to it, its solution converted back.
