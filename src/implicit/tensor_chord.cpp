@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <numeric>
-#include <optional>
 
 #include <ATen/ATen.h>
 
