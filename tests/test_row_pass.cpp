@@ -360,6 +360,31 @@ TEST_CASE("LU with partial pivoting solves as ATen does, and refuses a singular 
   CHECK_FALSE(neml2::detail::lu_factor(not_finite.data_ptr<double>(), 3, pivot.data()));
 }
 
+TEST_CASE("LU's solve skipping zeros: lu_solve's x, bit for bit, on a block-structured A") {
+  // NEML2's per-grain blocks in the graphs' order: 2 x 2 blocks on the diagonal, bordered
+  // by one row and column that couple them (an arrowhead), most of it zero through its LU.
+  at::manual_seed(5);
+  const std::int64_t grains = 12, n = 2 * grains + 1;
+  auto a = at::zeros({n, n}, at::kDouble);
+  for (std::int64_t g = 0; g < grains; ++g)
+    a.narrow(0, 2 * g, 2).narrow(1, 2 * g, 2).copy_(at::randn({2, 2}, at::kDouble) +
+                                                     3 * at::eye(2, at::kDouble));
+  a.select(0, n - 1).copy_(at::randn({n}, at::kDouble));
+  a.select(1, n - 1).copy_(at::randn({n}, at::kDouble));
+  a[n - 1][n - 1] = 0.01; // small: the last column's pivot comes from above
+  const auto b = at::randn({n}, at::kDouble);
+  auto lu = a.clone();
+  std::vector<std::int64_t> pivot(static_cast<std::size_t>(n));
+  REQUIRE(neml2::detail::lu_factor(lu.data_ptr<double>(), n, pivot.data()));
+  REQUIRE((lu == 0).sum().item<std::int64_t>() > n * n / 2);
+  auto full = b.clone(), skipping = b.clone();
+  neml2::detail::lu_solve(lu.data_ptr<double>(), pivot.data(), n, full.data_ptr<double>(), 1);
+  neml2::detail::lu_solve_skipping_zeros(lu.data_ptr<double>(), pivot.data(), n,
+                                         skipping.data_ptr<double>());
+  CHECK(at::equal(skipping, full));
+  test::check_close(skipping, at::linalg_solve(a, b), "x", 1e-12);
+}
+
 TEST_CASE("rows solved side by side in SIMD lanes: each lane exactly its row's own LU") {
   at::manual_seed(4);
   const auto machine = neml2::detail::lu_lanes();

@@ -262,7 +262,7 @@ private:
                 du);
       for (std::int64_t k = 0; k < n; ++k)
         pivot[static_cast<std::size_t>(k)] = static_cast<std::int64_t>(factor[1 + n * n + k]);
-      lu_solve(factor + 1, pivot.data(), n, du, 1);
+      lu_solve_skipping_zeros(factor + 1, pivot.data(), n, du);
       _chorded[r] = 1;
       _step_norm[r] = norm;
       stepped.push_back(row);
@@ -332,7 +332,7 @@ private:
       factor[0] = 1;
       double* du = _du.data() + row * n;
       std::copy(b.data_ptr<double>() + j * n, b.data_ptr<double>() + (j + 1) * n, du);
-      lu_solve(factor + 1, pivot.data(), n, du, 1);
+      lu_solve_skipping_zeros(factor + 1, pivot.data(), n, du);
       _chorded[static_cast<std::size_t>(row)] = 0;
       _step_norm[static_cast<std::size_t>(row)] = _norm[row];
       stepping.push_back(j);
